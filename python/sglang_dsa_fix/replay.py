@@ -1,0 +1,236 @@
+"""Drive the real sglang DSA backend through CUDA-graph capture and replay near context_len.
+
+Shared by the demo, the regression tests and (on CUDA) the GPU tier. The backend is built
+with ``__new__`` and only the attributes its graph paths read are set, as upstream's own
+backend unit tests do; the request pool is sglang's real ``ReqToTokenPool`` sized the way
+``ModelRunner._init_pools`` sizes it (0.5.14 model_executor/model_runner_kv_cache_mixin.py:338-340).
+
+Each replay goes through ``init_forward_metadata_out_graph`` exactly as the decode / EAGLE
+cuda-graph runners call it (decode_cuda_graph_runner.py:772 capture, :950 replay), and the
+buffers it wrote are compared with ``req_to_token``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+
+from sglang_dsa_fix import width
+from sglang_dsa_fix.cpu_stand_ins import stand_ins_for
+
+MODES = ("DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2")
+
+
+@dataclass(frozen=True)
+class Case:
+    context_len: int
+    num_draft_tokens: int  # D = speculative_num_draft_tokens (steps + 1 with topk 1)
+    page_size: int
+    max_bs: int
+    device: str = "cpu"
+
+
+@dataclass
+class ReplayResult:
+    mode: str
+    bs: int
+    seq_len: int  # longest request in the batch
+    columns: int  # columns the replay copies out of req_to_token
+    buffer_width: int
+    error: Optional[str] = None
+    mismatched_rows: int = 0  # rows whose written page indices differ from req_to_token
+    checked_rows: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.mismatched_rows == 0
+
+
+def req_to_token_width(case: Case) -> int:
+    """Row width of req_to_token for this case, from sglang's own sizing where it exists."""
+    try:  # 0.5.13+: mem_cache/common.py:251
+        from sglang.srt.mem_cache.common import get_req_to_token_extra_context_len
+    except ImportError:
+        return case.context_len + width.req_to_token_extra(case.num_draft_tokens, case.page_size, 1)
+    server_args = SimpleNamespace(
+        max_speculative_num_draft_tokens=case.num_draft_tokens,
+        speculative_algorithm="EAGLE",
+        page_size=case.page_size,
+        speculative_eagle_topk=1,
+    )
+    return case.context_len + get_req_to_token_extra_context_len(server_args)
+
+
+def make_pool(case: Case):
+    """Real ReqToTokenPool; request r owns whole pages so page indices are distinct."""
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    pool = ReqToTokenPool(
+        size=case.max_bs,
+        max_context_len=req_to_token_width(case),
+        device=case.device,
+        enable_memory_saver=False,
+    )
+    rows, cols = pool.req_to_token.shape
+    pages_per_row = math.ceil(cols / case.page_size)
+    row = torch.arange(rows, dtype=torch.int64, device=case.device).unsqueeze(1)
+    col = torch.arange(cols, dtype=torch.int64, device=case.device).unsqueeze(0)
+    locations = (row * pages_per_row + col // case.page_size) * case.page_size + col % case.page_size
+    pool.req_to_token.copy_(locations.to(torch.int32))
+    return pool
+
+
+def make_backend(backend_cls, case: Case, pool):
+    """Real backend object; attributes mirror what 0.5.14 __init__ sets (dsa_backend.py:293-410)."""
+    backend = backend_cls.__new__(backend_cls)
+    backend.device = torch.device(case.device)
+    backend.max_context_len = case.context_len
+    backend.req_to_token_pool = pool
+    backend.req_to_token = pool.req_to_token
+    backend.real_page_size = case.page_size
+    backend.speculative_num_draft_tokens = case.num_draft_tokens
+    backend.speculative_num_steps = case.num_draft_tokens - 1
+    backend.speculative_step_id = 0
+    backend.topk = 1
+    backend.dsa_index_topk = 2048
+    backend.hisparse_coordinator = None
+    backend.use_mha = False
+    backend.enable_auto_select_prefill_impl = False
+    backend._arange_buf = torch.arange(16384, device=backend.device, dtype=torch.int32)
+    # flashmla_kv needs sgl_kernel's get_mla_metadata (CUDA only); the graph page_table
+    # path is identical for every decode impl.
+    on_cuda = backend.device.type == "cuda"
+    backend.dsa_decode_impl = "flashmla_kv" if on_cuda else "flashmla_sparse"
+    backend.dsa_prefill_impl = backend.dsa_decode_impl
+    backend.num_q_heads = backend.flashmla_kv_num_q_heads = 64
+    backend.dsa_kv_cache_store_fp8 = on_cuda
+    return backend
+
+
+def _forward_batch(mode: str, bs: int, req_pool_indices, seq_lens, num_accept=None):
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    spec_info = None
+    if mode == "DRAFT_EXTEND_V2":
+        from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+
+        spec_info = EagleDraftExtendInput(
+            num_accept_tokens=num_accept, num_accept_tokens_cpu=num_accept.tolist()
+        )
+    return ForwardBatch(
+        forward_mode=getattr(ForwardMode, mode),
+        batch_size=bs,
+        input_ids=torch.zeros(bs, dtype=torch.int64, device=seq_lens.device),
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens,
+        out_cache_loc=None,
+        seq_lens_sum=int(seq_lens.sum()),
+        seq_lens_cpu=seq_lens.cpu(),
+        spec_info=spec_info,
+    )
+
+
+def batch_for(case: Case, mode: str, bs: int, seq_len: int):
+    """A batch whose longest request has seq_len; the others trail it by a few tokens."""
+    device = case.device
+    seq_lens = torch.tensor(
+        [max(1, seq_len - (i % 3)) for i in range(bs)], dtype=torch.int64, device=device
+    )
+    req_pool_indices = torch.arange(1, bs + 1, dtype=torch.int64, device=device).flip(0)
+    D = case.num_draft_tokens
+    num_accept = torch.tensor(
+        [D - (i % D) for i in range(bs)], dtype=torch.int32, device=device
+    )
+    return req_pool_indices, seq_lens, num_accept
+
+
+def columns_read(case: Case, mode: str, seq_len: int) -> int:
+    if mode == "TARGET_VERIFY":
+        return width.target_verify_columns(seq_len, case.num_draft_tokens)
+    return seq_len
+
+
+def seq_len_limit(case: Case, mode: str, pool_width: int) -> int:
+    """Largest seq_len whose replay read still fits in the request pool."""
+    return pool_width - (columns_read(case, mode, 0))
+
+
+class GraphSession:
+    """One backend: init_cuda_graph_state, capture per (mode, bs), then replays."""
+
+    def __init__(self, backend_cls, case: Case):
+        self.case = case
+        self.backend_cls = backend_cls
+        self.pool = make_pool(case)
+        self.backend = make_backend(backend_cls, case, self.pool)
+        D = case.num_draft_tokens
+        self.backend.init_cuda_graph_state(case.max_bs, case.max_bs * D)
+        self.captured = set()
+
+    @property
+    def buffer_width(self) -> int:
+        return width.graph_page_table(self.backend).shape[1]
+
+    def _run(self, mode, bs, seq_lens, req_pool_indices, num_accept, in_capture):
+        fb = _forward_batch(mode, bs, req_pool_indices, seq_lens, num_accept)
+        with stand_ins_for(self.backend_cls, self.case.device):
+            self.backend.init_forward_metadata_out_graph(fb, in_capture=in_capture)
+
+    def capture(self, mode: str, bs: int) -> None:
+        # Like the runners: seq_lens filled with the backend's fill value, pool index 0.
+        if (mode, bs) in self.captured:
+            return
+        device = self.case.device
+        fill = self.backend.get_cuda_graph_seq_len_fill_value()
+        seq_lens = torch.full((bs,), fill, dtype=torch.int64, device=device)
+        idx = torch.zeros(bs, dtype=torch.int64, device=device)
+        accept = torch.full((bs,), self.case.num_draft_tokens, dtype=torch.int32, device=device)
+        # Capture builds per-bs metadata keyed by bs: one backend serves one mode at a time.
+        self.backend.decode_cuda_graph_metadata.pop(bs, None)
+        self._run(mode, bs, seq_lens, idx, accept, in_capture=True)
+        self.captured = {(m, b) for (m, b) in self.captured if b != bs} | {(mode, bs)}
+
+    def replay(self, mode: str, bs: int, seq_len: int) -> ReplayResult:
+        self.capture(mode, bs)
+        idx, seq_lens, accept = batch_for(self.case, mode, bs, seq_len)
+        result = ReplayResult(
+            mode, bs, seq_len, columns_read(self.case, mode, seq_len), self.buffer_width
+        )
+        try:
+            self._run(mode, bs, seq_lens, idx, accept, in_capture=False)
+        except RuntimeError as exc:
+            result.error = str(exc).splitlines()[0]
+            return result
+        self._compare(result, idx, accept)
+        return result
+
+    def _compare(self, result: ReplayResult, idx, accept) -> None:
+        """Every written row of page_table_1 (and real_page_table at page>1) vs req_to_token."""
+        metadata = self.backend.forward_metadata
+        k = result.columns
+        expected = self.pool.req_to_token[idx, :k]
+        if result.mode == "TARGET_VERIFY":
+            expected = expected.repeat_interleave(self.case.num_draft_tokens, dim=0)
+        elif result.mode == "DRAFT_EXTEND_V2":
+            expected = expected.repeat_interleave(accept.to(torch.int64), dim=0)
+        rows = expected.shape[0]
+        bad = (metadata.page_table_1[:rows, :k] != expected).any(dim=1)
+        page = self.case.page_size
+        if page > 1:
+            real_expected = expected[:, ::page] // page
+            real_cols = real_expected.shape[1]
+            bad |= (metadata.real_page_table[:rows, :real_cols] != real_expected).any(dim=1)
+        result.checked_rows = rows
+        result.mismatched_rows = int(bad.sum())
+
+
+def sweep(backend_cls, case: Case, mode: str, bs: int, first_seq_len: Optional[int] = None):
+    """Replay seq_len = context_len-2 ... the pool's limit; one ReplayResult per seq_len."""
+    session = GraphSession(backend_cls, case)
+    limit = seq_len_limit(case, mode, session.pool.req_to_token.shape[1])
+    start = case.context_len - 2 if first_seq_len is None else first_seq_len
+    return [session.replay(mode, bs, s) for s in range(start, limit + 1)]
