@@ -23,7 +23,7 @@ INSTALLED = source_patch.find_tree(None)
 SITE = source_patch.locate(INSTALLED)
 # Files a backend-file check needs: the version files and the attention backends.
 COPIED = ["_version.py", "version.py", "srt/layers/attention/dsa_backend.py",
-          "srt/layers/attention/nsa_backend.py"]
+          "srt/layers/attention/nsa_backend.py", "srt/plugins/hook_registry.py"]
 
 
 def run_cli(*argv):

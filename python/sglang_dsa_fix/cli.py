@@ -26,6 +26,26 @@ def _diff(tree) -> int:
     return EXIT_OK
 
 
+def _status(args) -> int:
+    import json
+
+    from sglang_dsa_fix import status
+
+    try:
+        report = status.collect(
+            args.sglang_root,
+            args.context_length,
+            args.speculative_num_draft_tokens,
+            args.page_size,
+            args.speculative_eagle_topk,
+        )
+    except (PatchError, ValueError) as exc:
+        print(f"sglang-dsa-fix status: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(report, indent=2) if args.json else status.render(report))
+    return EXIT_OK
+
+
 TREE_COMMANDS = {
     "apply": lambda tree: print(source_patch.apply(tree)) or EXIT_OK,
     "check": _check,
@@ -54,6 +74,13 @@ def main(argv=None) -> int:
             help="sglang source checkout (holding python/sglang) or site-packages; "
             "default: the importable sglang",
         )
+    status = sub.add_parser("status", help="is this sglang affected, and is a fix live?")
+    status.add_argument("--sglang-root", metavar="DIR")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--context-length", type=int)
+    status.add_argument("--speculative-num-draft-tokens", type=int)
+    status.add_argument("--page-size", type=int, default=1)
+    status.add_argument("--speculative-eagle-topk", type=int, default=1)
     demo = sub.add_parser("demo", help="replay target_verify near context_len: pristine vs fixed")
     demo.add_argument("--context-len", type=int, default=4096)
     demo.add_argument("--speculative-num-draft-tokens", type=int, default=5)
@@ -72,6 +99,8 @@ def main(argv=None) -> int:
             args.bs,
             args.device or demo_module.default_device(),
         )
+    if args.command == "status":
+        return _status(args)
     try:
         tree = source_patch.find_tree(args.sglang_root)
         return TREE_COMMANDS[args.command](tree)

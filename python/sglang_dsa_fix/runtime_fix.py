@@ -1,8 +1,8 @@
 """Runtime form of the fix: widen the graph page_table right after init_cuda_graph_state.
 
-For images whose sglang files cannot be edited. The same ``width.enforce`` is used by the
-plugin (through sglang's HookRegistry) and by ``install()`` below (plain class patch, for
-tests, the demo and releases without the plugin API).
+For images whose sglang files cannot be edited. ``install()`` is a plain class patch (tests,
+the demo, releases without the plugin API); ``plugin.py`` hooks the same ``width.enforce``
+through sglang's HookRegistry.
 """
 
 from __future__ import annotations
@@ -13,11 +13,6 @@ from sglang_dsa_fix import width
 from sglang_dsa_fix.backends import import_backend_class
 
 _WRAPPED_MARK = "__sglang_dsa_fix_original__"
-
-
-def after_init_cuda_graph_state(backend) -> None:
-    """What the fix does, given a backend whose init_cuda_graph_state just returned."""
-    width.enforce(backend)
 
 
 def install(cls=None):
@@ -39,7 +34,7 @@ def install(cls=None):
     @functools.wraps(original)
     def init_cuda_graph_state(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        after_init_cuda_graph_state(self)
+        width.enforce(self)
         return result
 
     setattr(init_cuda_graph_state, _WRAPPED_MARK, original)
