@@ -84,7 +84,7 @@ def make_pool(case: Case):
     return pool
 
 
-def make_backend(backend_cls, case: Case, pool):
+def make_backend(backend_cls, case: Case, pool, speculative_step_id: int = 0):
     """Real backend object; attributes mirror what 0.5.14 __init__ sets (dsa_backend.py:293-410)."""
     backend = backend_cls.__new__(backend_cls)
     backend.device = torch.device(case.device)
@@ -94,7 +94,7 @@ def make_backend(backend_cls, case: Case, pool):
     backend.real_page_size = case.page_size
     backend.speculative_num_draft_tokens = case.num_draft_tokens
     backend.speculative_num_steps = case.num_draft_tokens - 1
-    backend.speculative_step_id = 0
+    backend.speculative_step_id = speculative_step_id
     backend.topk = 1
     backend.dsa_index_topk = 2048
     backend.hisparse_coordinator = None
@@ -159,6 +159,38 @@ def seq_len_limit(case: Case, mode: str, pool_width: int) -> int:
     return pool_width - (columns_read(case, mode, 0))
 
 
+class GraphReader:
+    """A real CUDA graph, captured once, that reads the captured metadata buffers.
+
+    Like the model's attention kernels it sees only the static addresses fixed at capture, so
+    after each replay update ``read()`` shows what a replayed forward would really read.
+    """
+
+    def __init__(self, metadata):
+        self.sources = [metadata.page_table_1, metadata.real_page_table]
+        self.outputs = [torch.empty_like(t) for t in self.sources]
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for out, src in zip(self.outputs, self.sources):
+                out.copy_(src)
+
+    def read(self):
+        self.graph.replay()
+        torch.cuda.synchronize()
+        return self.outputs
+
+
+def mismatched_rows(page_table_1, real_page_table, expected, page_size: int) -> int:
+    """Rows whose page indices differ from ``expected`` (req_to_token rows, replay order)."""
+    rows, k = expected.shape
+    bad = (page_table_1[:rows, :k] != expected).any(dim=1)
+    if page_size > 1:
+        real_expected = expected[:, ::page_size] // page_size
+        bad |= (real_page_table[:rows, : real_expected.shape[1]] != real_expected).any(dim=1)
+    return int(bad.sum())
+
+
 class GraphSession:
     """One backend: init_cuda_graph_state, capture per (mode, bs), then replays."""
 
@@ -170,6 +202,7 @@ class GraphSession:
         D = case.num_draft_tokens
         self.backend.init_cuda_graph_state(case.max_bs, case.max_bs * D)
         self.captured = set()
+        self.readers = {}  # bs -> GraphReader (CUDA only)
 
     @property
     def buffer_width(self) -> int:
@@ -193,6 +226,8 @@ class GraphSession:
         self.backend.decode_cuda_graph_metadata.pop(bs, None)
         self._run(mode, bs, seq_lens, idx, accept, in_capture=True)
         self.captured = {(m, b) for (m, b) in self.captured if b != bs} | {(mode, bs)}
+        if torch.device(self.case.device).type == "cuda":
+            self.readers[bs] = GraphReader(self.backend.decode_cuda_graph_metadata[bs])
 
     def replay(self, mode: str, bs: int, seq_len: int) -> ReplayResult:
         self.capture(mode, bs)
@@ -209,23 +244,25 @@ class GraphSession:
         return result
 
     def _compare(self, result: ReplayResult, idx, accept) -> None:
-        """Every written row of page_table_1 (and real_page_table at page>1) vs req_to_token."""
-        metadata = self.backend.forward_metadata
-        k = result.columns
-        expected = self.pool.req_to_token[idx, :k]
+        """Every written row of page_table_1 (and real_page_table at page>1) vs req_to_token.
+
+        On CUDA the rows compared are the ones a captured graph read after this update.
+        """
+        expected = self.pool.req_to_token[idx, : result.columns]
         if result.mode == "TARGET_VERIFY":
             expected = expected.repeat_interleave(self.case.num_draft_tokens, dim=0)
         elif result.mode == "DRAFT_EXTEND_V2":
             expected = expected.repeat_interleave(accept.to(torch.int64), dim=0)
-        rows = expected.shape[0]
-        bad = (metadata.page_table_1[:rows, :k] != expected).any(dim=1)
-        page = self.case.page_size
-        if page > 1:
-            real_expected = expected[:, ::page] // page
-            real_cols = real_expected.shape[1]
-            bad |= (metadata.real_page_table[:rows, :real_cols] != real_expected).any(dim=1)
-        result.checked_rows = rows
-        result.mismatched_rows = int(bad.sum())
+        reader = self.readers.get(result.bs)
+        if reader is not None:
+            page_table_1, real_page_table = reader.read()
+        else:
+            metadata = self.backend.forward_metadata
+            page_table_1, real_page_table = metadata.page_table_1, metadata.real_page_table
+        result.checked_rows = expected.shape[0]
+        result.mismatched_rows = mismatched_rows(
+            page_table_1, real_page_table, expected, self.case.page_size
+        )
 
 
 def sweep(backend_cls, case: Case, mode: str, bs: int, first_seq_len: Optional[int] = None):

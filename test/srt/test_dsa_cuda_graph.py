@@ -9,11 +9,19 @@ pool's limit, three ways:
   * in-tree patch (applied to a temporary copy of the installed sglang): every replay
     succeeds and every written page_table_1 / real_page_table row equals req_to_token.
 
+The multi-step draft backend is driven through its precompute + fused metadata-copy path
+with sentinel-guarded buffers (sglang_dsa_fix.multi_step).
+
 CPU tier: runs anywhere; the only stand-in is seqlens_expand_triton (checked below against
-brute force). Runs under pytest and as ``python test/srt/test_dsa_cuda_graph.py``.
+brute force). GPU tier (``*CUDA`` classes): the same cases on a CUDA device with the real
+Triton / deep_gemm / JIT kernels, and a real CUDA graph captured once per case that reads
+page_table_1 and real_page_table after every replay update; skipped without CUDA.
+Runs under pytest and as ``python test/srt/test_dsa_cuda_graph.py``. With
+SGLANG_DSA_FIX_RESULTS=<file> every sweep appends one JSON line (machine-readable results).
 """
 
 import itertools
+import json
 import os
 import sys
 import unittest
@@ -22,28 +30,53 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
-from sglang.test.ci.ci_register import register_cpu_ci  # noqa: E402
+from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci  # noqa: E402
 from sglang.test.test_utils import CustomTestCase  # noqa: E402
 
-from sglang_dsa_fix import replay, runtime_fix, width  # noqa: E402
+from sglang_dsa_fix import multi_step, replay, runtime_fix, width  # noqa: E402
 from sglang_dsa_fix.backends import import_backend_class  # noqa: E402
 from sglang_dsa_fix.cpu_stand_ins import seqlens_expand_reference  # noqa: E402
 from sglang_dsa_fix.patched_copy import patched_backend_class  # noqa: E402
 
 register_cpu_ci(est_time=300, suite="stage-a-test-cpu")
+register_cuda_ci(est_time=300, suite="stage-b-test-small-1-gpu")
 
 DRAFT_TOKENS = (2, 4, 5, 6, 8)
 PAGE_SIZES = (1, 64)
-CONTEXT_LENS = (256, 614400)
 MAX_BS = 4
-BATCH_SIZES = (1, MAX_BS)
+HAS_CUDA = torch.cuda.is_available()
+RESULTS_FILE = os.environ.get("SGLANG_DSA_FIX_RESULTS")
 
-_, BACKEND_CLS = import_backend_class()
+LAYOUT, BACKEND_CLS = import_backend_class()
+MULTI_STEP_CLS = getattr(sys.modules[BACKEND_CLS.__module__], LAYOUT.multi_step_class_name)
 
 
-def cases(device):
-    for ctx, D, page in itertools.product(CONTEXT_LENS, DRAFT_TOKENS, PAGE_SIZES):
-        yield replay.Case(ctx, D, page, MAX_BS, device)
+def cases(device, context_lens, draft_tokens=DRAFT_TOKENS, max_bs=MAX_BS):
+    for ctx, D, page in itertools.product(context_lens, draft_tokens, PAGE_SIZES):
+        yield replay.Case(ctx, D, page, max_bs, device)
+
+
+def record(test, case, mode, bs, results):
+    """One JSON line per sweep, for the GPU report."""
+    if not RESULTS_FILE:
+        return
+    errors = sorted({r.error for r in results if r.error})
+    line = {
+        "test": type(test).__name__, "device": case.device, "context_len": case.context_len,
+        "num_draft_tokens": case.num_draft_tokens, "page_size": case.page_size,
+        "mode": mode, "bs": bs, "buffer_width": results[0].buffer_width,
+        "seq_lens": [results[0].seq_len, results[-1].seq_len], "replays": len(results),
+        "failed": sum(not r.ok for r in results), "errors": errors[:3],
+    }
+    if isinstance(results[0], multi_step.MultiStepResult):
+        line.update(
+            copy_paths=sorted({r.copy_path for r in results}),
+            sentinel_clobbered=sum(r.sentinel_clobbered for r in results),
+            rows_beyond_bs_clobbered=sum(r.rows_beyond_bs_clobbered for r in results),
+            mismatched_rows=sum(r.mismatched_rows for r in results),
+        )
+    with open(RESULTS_FILE, "a") as handle:
+        handle.write(json.dumps(line) + "\n")
 
 
 class TestSeqlensExpandReference(CustomTestCase):
@@ -78,22 +111,38 @@ class TestSeqlensExpandReference(CustomTestCase):
 
 
 class _ReplayMatrix:
-    """Shared body of the CPU tier (and, later, the GPU tier with device='cuda')."""
+    """Shared body of the CPU tier and the GPU tier (device='cuda')."""
 
     device = "cpu"
+    context_lens = (256, 614400)
+    max_bs = MAX_BS
 
     def backend_cls(self):
         raise NotImplementedError
 
+    def cases(self, draft_tokens=DRAFT_TOKENS):
+        return cases(self.device, self.context_lens, draft_tokens, self.max_bs)
+
     def sweeps(self):
-        for case in cases(self.device):
-            for mode, bs in itertools.product(replay.MODES, BATCH_SIZES):
-                yield case, mode, bs, replay.sweep(self.backend_cls(), case, mode, bs)
+        for case in self.cases():
+            for mode, bs in itertools.product(replay.MODES, (1, self.max_bs)):
+                results = replay.sweep(self.backend_cls(), case, mode, bs)
+                record(self, case, mode, bs, results)
+                yield case, mode, bs, results
+
+    def multi_step_sweeps(self):
+        # Draft decode needs >= 2 steps: D >= 3 with topk 1; D >= 5 takes the fused
+        # three-backend kernel, D = 4 the per-backend copy.
+        for case in self.cases(draft_tokens=[d for d in DRAFT_TOKENS if d >= 4]):
+            for bs in (1, self.max_bs):
+                results = multi_step.sweep(MULTI_STEP_CLS, self.backend_cls(), case, bs)
+                record(self, case, "DRAFT_DECODE_MULTI_STEP", bs, results)
+                yield case, bs, results
 
 
 class _FixedReplayTests(_ReplayMatrix):
     def test_invariant_after_init_cuda_graph_state(self):
-        for case in cases(self.device):
+        for case in self.cases():
             with self.subTest(case=case):
                 session = replay.GraphSession(self.backend_cls(), case)
                 self.assertTrue(width.holds(session.backend))
@@ -110,15 +159,23 @@ class _FixedReplayTests(_ReplayMatrix):
                     self.assertGreater(r.checked_rows, 0, r)
                     self.assertEqual(r.mismatched_rows, 0, r)
 
+    def test_multi_step_draft_decode_is_exact_and_stays_in_bounds(self):
+        for case, bs, results in self.multi_step_sweeps():
+            with self.subTest(case=case, bs=bs):
+                self.assertEqual(results[-1].seq_len, replay.req_to_token_width(case))
+                for r in results:
+                    self.assertTrue(r.ok, r)
+                    self.assertGreater(r.checked_rows, 0, r)
+
 
     def test_row_comparison_detects_a_wrong_page_index(self):
         # The equality check itself must be able to fail.
-        case = replay.Case(256, 5, 64, MAX_BS, self.device)
+        case = replay.Case(self.context_lens[0], 5, 64, self.max_bs, self.device)
         session = replay.GraphSession(self.backend_cls(), case)
-        result = session.replay("TARGET_VERIFY", MAX_BS, case.context_len + 1)
+        result = session.replay("TARGET_VERIFY", self.max_bs, case.context_len + 1)
         self.assertTrue(result.ok, result)
         session.backend.forward_metadata.page_table_1[3, 100] += 1
-        idx, _, accept = replay.batch_for(case, "TARGET_VERIFY", MAX_BS, case.context_len + 1)
+        idx, _, accept = replay.batch_for(case, "TARGET_VERIFY", self.max_bs, case.context_len + 1)
         session._compare(result, idx, accept)
         self.assertEqual(result.mismatched_rows, 1)
 
@@ -133,7 +190,7 @@ class TestPristineBackendCPU(_ReplayMatrix, CustomTestCase):
         return BACKEND_CLS
 
     def test_invariant_violated_after_init_cuda_graph_state(self):
-        for case in cases(self.device):
+        for case in self.cases():
             with self.subTest(case=case):
                 session = replay.GraphSession(self.backend_cls(), case)
                 self.assertFalse(width.holds(session.backend))
@@ -157,6 +214,17 @@ class TestPristineBackendCPU(_ReplayMatrix, CustomTestCase):
                     past_context = [r for r in results if r.seq_len > case.context_len]
                     self.assertTrue(past_context)
                     self.assertTrue(all(r.error for r in past_context), past_context)
+
+    def test_multi_step_draft_decode_past_the_buffer_is_unsafe(self):
+        # Reading past the buffer must never pass silently: either the copy raises (torch
+        # fallback path) or the guards show the fused kernel wrote out of bounds / wrong rows.
+        for case, bs, results in self.multi_step_sweeps():
+            with self.subTest(case=case, bs=bs):
+                for r in results:
+                    if r.seq_len > r.buffer_width:
+                        self.assertFalse(r.ok, r)
+                    else:
+                        self.assertTrue(r.ok, r)
 
 
 class TestRuntimeFixCPU(_FixedReplayTests, CustomTestCase):
@@ -197,6 +265,27 @@ class TestInTreePatchCPU(_FixedReplayTests, CustomTestCase):
         self.assertIsNot(self.patched_cls, BACKEND_CLS)
         self.assertEqual(self.patched_cls.__name__, BACKEND_CLS.__name__)
         self.assertFalse(runtime_fix.is_installed(self.patched_cls))
+
+
+@unittest.skipUnless(HAS_CUDA, "GPU tier: needs a CUDA device")
+class TestPristineBackendCUDA(TestPristineBackendCPU):
+    device = "cuda"
+    context_lens = (512, 614400)
+    max_bs = 8
+
+
+@unittest.skipUnless(HAS_CUDA, "GPU tier: needs a CUDA device")
+class TestRuntimeFixCUDA(TestRuntimeFixCPU):
+    device = "cuda"
+    context_lens = (512, 614400)
+    max_bs = 8
+
+
+@unittest.skipUnless(HAS_CUDA, "GPU tier: needs a CUDA device")
+class TestInTreePatchCUDA(TestInTreePatchCPU):
+    device = "cuda"
+    context_lens = (512, 614400)
+    max_bs = 8
 
 
 if __name__ == "__main__":

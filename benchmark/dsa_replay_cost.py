@@ -1,0 +1,156 @@
+"""Cost of one TARGET_VERIFY CUDA-graph replay update, pristine vs fixed, in the same run.
+
+The fix makes the graph page_table ``req_to_token.shape[1]`` wide instead of
+``context_len + D`` (4 more columns): this measures what that costs on the replay hot path,
+below the boundary where both work. The real backend's ``init_forward_metadata_out_graph``
+(what the cuda-graph runner calls before each ``graph.replay()``) is timed with CUDA events
+and with the host clock, pristine and fixed interleaved (A B A B ...) over rotated inputs,
+after a warm-up; kernel launches per update are counted with torch.profiler.
+
+    python benchmark/dsa_replay_cost.py [--context-len 163840] [--iters 400] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+
+import torch  # noqa: E402
+
+
+def quantiles(values):
+    q = statistics.quantiles(values, n=20)
+    return {"median": statistics.median(values), "p5": q[0], "p95": q[-1]}
+
+
+def count_launches(update) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        update()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--context-len", type=int, default=163840)
+    parser.add_argument("--speculative-num-draft-tokens", type=int, default=5)
+    parser.add_argument("--page-size", type=int, default=64)
+    parser.add_argument("--bs", type=int, default=8)
+    parser.add_argument("--iters", type=int, default=400, help="timed updates per variant (>= 200)")
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--rotate", type=int, default=16, help="distinct input batches cycled")
+    parser.add_argument("--json", help="append the result as one JSON line to this file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("dsa_replay_cost: needs a CUDA device", file=sys.stderr)
+        return 2
+
+    from sglang_dsa_fix import replay, runtime_fix, width
+    from sglang_dsa_fix.backends import import_backend_class
+
+    _, backend_cls = import_backend_class()
+    case = replay.Case(args.context_len, args.speculative_num_draft_tokens, args.page_size,
+                       args.bs, "cuda")
+    sessions = {"pristine": replay.GraphSession(backend_cls, case)}
+    runtime_fix.install(backend_cls)
+    try:
+        sessions["fixed"] = replay.GraphSession(backend_cls, case)
+    finally:
+        runtime_fix.uninstall(backend_cls)
+    mode, bs = "TARGET_VERIFY", args.bs
+    # Inputs below the boundary (both variants must succeed), rotated so no two consecutive
+    # updates copy the same rows.
+    batches = []
+    for i in range(args.rotate):
+        seq_len = case.context_len - 1 - 97 * i
+        idx, seq_lens, accept = replay.batch_for(case, mode, bs, seq_len)
+        batches.append((idx.roll(i), seq_lens, accept))
+
+    def update(session, i):
+        idx, seq_lens, accept = batches[i % len(batches)]
+        session._run(mode, bs, seq_lens, idx, accept, in_capture=False)
+
+    for session in sessions.values():
+        session.capture(mode, bs)
+        for i in range(args.warmup):
+            update(session, i)
+        check = session.replay(mode, bs, case.context_len - 1)
+        assert check.ok, check
+    torch.cuda.synchronize()
+
+    gpu_ms = {name: [] for name in sessions}
+    host_us = {name: [] for name in sessions}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(args.iters):
+        for name, session in sessions.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            start.record()
+            update(session, i)
+            end.record()
+            end.synchronize()
+            host_us[name].append((time.perf_counter() - t0) * 1e6)
+            gpu_ms[name].append(start.elapsed_time(end))
+
+    ratios_gpu = [f / p for f, p in zip(gpu_ms["fixed"], gpu_ms["pristine"])]
+    ratios_host = [f / p for f, p in zip(host_us["fixed"], host_us["pristine"])]
+    result = {
+        "benchmark": "dsa_replay_cost",
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "sglang": __import__("sglang").__version__,
+        "context_len": case.context_len,
+        "speculative_num_draft_tokens": case.num_draft_tokens,
+        "page_size": case.page_size,
+        "bs": bs,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "rotated_inputs": args.rotate,
+    }
+    for name, session in sessions.items():
+        table = width.graph_page_table(session.backend)
+        result[name] = {
+            "page_table_width": table.shape[1],
+            "page_table_bytes": table.numel() * table.element_size(),
+            "kernel_launches_per_update": count_launches(lambda: update(session, 0)),
+            "gpu_us": {k: v * 1000 for k, v in quantiles(gpu_ms[name]).items()},
+            "host_us": quantiles(host_us[name]),
+        }
+    result["page_table_bytes_difference"] = (
+        result["fixed"]["page_table_bytes"] - result["pristine"]["page_table_bytes"]
+    )
+    result["ratio_fixed_over_pristine_gpu"] = quantiles(ratios_gpu)
+    result["ratio_fixed_over_pristine_host"] = quantiles(ratios_host)
+
+    print(f"TARGET_VERIFY replay update, {result['gpu']}, sglang {result['sglang']}, torch "
+          f"{result['torch']}: context_len {case.context_len}, D {case.num_draft_tokens}, page "
+          f"{case.page_size}, bs {bs}, {args.iters} interleaved updates each, {args.rotate} rotated inputs")
+    print(f"{'variant':<9} {'width':>8} {'page_table bytes':>17} {'launches':>8} "
+          f"{'GPU us p50 [p5, p95]':>26} {'host us p50 [p5, p95]':>26}")
+    for name in sessions:
+        r = result[name]
+        g, h = r["gpu_us"], r["host_us"]
+        print(f"{name:<9} {r['page_table_width']:>8} {r['page_table_bytes']:>17} "
+              f"{r['kernel_launches_per_update']:>8} "
+              f"{g['median']:>9.2f} [{g['p5']:.2f}, {g['p95']:.2f}]"
+              f"{h['median']:>12.1f} [{h['p5']:.1f}, {h['p95']:.1f}]")
+    rg, rh = result["ratio_fixed_over_pristine_gpu"], result["ratio_fixed_over_pristine_host"]
+    print(f"fixed/pristine per interleaved pair: GPU {rg['median']:.4f} [{rg['p5']:.4f}, "
+          f"{rg['p95']:.4f}], host {rh['median']:.4f} [{rh['p5']:.4f}, {rh['p95']:.4f}]; "
+          f"page_table +{result['page_table_bytes_difference']} bytes")
+    if args.json:
+        with open(args.json, "a") as handle:
+            handle.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
