@@ -149,7 +149,8 @@ def boundary_lengths(context_len: int, D: int):
     raise SystemExit(f"no boundary-crossing length for D={D}: needs speculative_num_steps >= 4")
 
 
-def make_requests(n: int, prompt_len: int, max_new: int, seed: int):
+def make_requests(n: int, prompt_len: int, max_new, seed: int):
+    """max_new None: generate until the context is full (sglang clamps it to what fits)."""
     rng = random.Random(seed)
     params = {"max_new_tokens": max_new, "ignore_eos": True, "temperature": 0}
     return [([rng.randrange(200, 2000) for _ in range(prompt_len)], params) for _ in range(n)]
@@ -282,7 +283,10 @@ def worker(args) -> int:
         save()
     prompt, max_new = boundary_lengths(args.context_len, D)
     result["boundary_prompt_len"], result["boundary_max_new"] = prompt, max_new
-    reqs = make_requests(args.soak, prompt, max_new, 7)
+    # max_new_tokens None, the long-generation case: an explicit max_new_tokens is checked
+    # against context_len with the draft tokens added (0.5.14 rejects prompt + D + max_new >
+    # context_len), while None is clamped to context_len - prompt - 2 = max_new.
+    reqs = make_requests(args.soak, prompt, None, 7)
     result["boundary"] = loop.run_until_complete(
         run_group(client, reqs, args.concurrency, args.phase_timeout))
     save()
@@ -424,9 +428,9 @@ def main(argv=None) -> int:
     parser.add_argument("--speculative-num-steps", type=int, default=4, help="D = steps + 1")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--soak", type=int, default=8, help="boundary-crossing requests")
-    parser.add_argument("--control-requests", type=int, default=16)
-    parser.add_argument("--control-max-new", type=int, default=128)
-    parser.add_argument("--control-reps", type=int, default=3)
+    parser.add_argument("--control-requests", type=int, default=32)
+    parser.add_argument("--control-max-new", type=int, default=192)
+    parser.add_argument("--control-reps", type=int, default=5)
     parser.add_argument("--phase-timeout", type=float, default=90)
     parser.add_argument("--start-timeout", type=float, default=300)
     parser.add_argument("--variant-timeout", type=float, default=420)

@@ -221,10 +221,13 @@ class TestPristineBackendCPU(_ReplayMatrix, CustomTestCase):
         for case, bs, results in self.multi_step_sweeps():
             with self.subTest(case=case, bs=bs):
                 for r in results:
-                    if r.seq_len > r.buffer_width:
-                        self.assertFalse(r.ok, r)
-                    else:
+                    if r.seq_len <= r.buffer_width:
                         self.assertTrue(r.ok, r)
+                    elif r.copy_path.startswith("fallback"):  # torch copy_: raises
+                        self.assertIn("must match the size of tensor b", r.error or "", r)
+                    else:  # fused JIT kernel: no error, but writes outside the rows it owns
+                        self.assertIsNone(r.error, r)
+                        self.assertGreater(r.sentinel_clobbered + r.rows_beyond_bs_clobbered, 0, r)
 
 
 class TestRuntimeFixCPU(_FixedReplayTests, CustomTestCase):
