@@ -283,6 +283,7 @@ def worker(args) -> int:
         save()
     prompt, max_new = boundary_lengths(args.context_len, D)
     result["boundary_prompt_len"], result["boundary_max_new"] = prompt, max_new
+    save()  # before the phase that crashes a pristine scheduler
     # max_new_tokens None, the long-generation case: an explicit max_new_tokens is checked
     # against context_len with the draft tokens added (0.5.14 rejects prompt + D + max_new >
     # context_len), while None is clamped to context_len - prompt - 2 = max_new.
@@ -397,7 +398,7 @@ def run_variant(variant: str, args, work: Path) -> dict:
         "itl_ms_p99": (control[-1]["itl_ms_p99"] if control else None),
         "boundary_tok_per_s": boundary.get("output_tok_per_s"),
         "peak_gpu_mem_mib": peak[0] - baseline if baseline >= 0 else None,
-        "page_table_bytes": page_table_bytes(variant, args),
+        "page_table_bytes_computed": page_table_bytes(variant, args),
     }
     print(f"[{variant}] {'CRASH ' + row['crash'] if row['crash'] else 'no crash'}; boundary "
           f"{row['boundary_completed']}/{row['boundary_requests']} completed", flush=True)
@@ -455,6 +456,7 @@ def main(argv=None) -> int:
           f"{'launch_server' if args.server else 'Engine'}; logs in {work}")
     header = (f"{'variant':<8} {'boundary ok/n':>13} {'ctrl tok/s (reps)':>26} {'accept':>6} "
               f"{'ITL p50/p99 ms':>15} {'peak MiB':>8} {'page_table B':>12}  crash")
+    # page_table B: the target-verify graph buffer, max_bs * D rows x width x 4, computed.
     print(header)
     for r in rows:
         rates = "/".join(f"{x:.0f}" for x in r["control_tok_per_s"]) or "-"
@@ -462,7 +464,7 @@ def main(argv=None) -> int:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] is not None else "-"
         print(f"{r['variant']:<8} {r['boundary_completed']:>6}/{r['boundary_requests']:<6} "
               f"{rates:>26} {acc:>6} {itl:>15} {r['peak_gpu_mem_mib'] or 0:>8} "
-              f"{r['page_table_bytes']:>12}  {r['crash'] or '-'}")
+              f"{r['page_table_bytes_computed']:>12}  {r['crash'] or '-'}")
     pristine = [r for r in rows if r["variant"] == "none"]
     fixed = [r for r in rows if r["variant"] != "none"]
     if pristine and fixed and pristine[0]["control_tok_per_s"] and fixed[0]["control_tok_per_s"]:
