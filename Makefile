@@ -1,4 +1,6 @@
-# The two commands (README): `make demo` runs the main job, `make test` the test suite.
+# The two commands (README): `make demo` runs the main job, `make test` the test suite
+# (pytest on test/, then the release matrix, which installs other sglang releases from PyPI
+# into .matrix/).
 # Both create the pinned environment in .venv first (scripts/bootstrap.sh, idempotent).
 VENV ?= .venv
 PYTHONWARNINGS ?= ignore
@@ -11,3 +13,4 @@ demo: env
 	$(VENV)/bin/sglang-dsa-fix demo
 test: env
 	$(VENV)/bin/python -m pytest -q -rs test
+	$(VENV)/bin/python scripts/release_matrix.py

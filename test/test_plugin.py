@@ -14,7 +14,15 @@ from importlib import metadata
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
-from sglang_dsa_fix import plugin  # noqa: E402
+from sglang_dsa_fix import plugin, source_patch, status  # noqa: E402
+
+# What the installed release should show for Case(512, D=5, page 64): the hook target, and the
+# pristine width evaluated from the release's own width expression (517 on 0.5.10 - 0.5.14).
+TREE = source_patch.find_tree(None)
+SITE = source_patch.locate(TREE)
+TARGET = f"{SITE.layout.module}.{SITE.layout.class_name}.init_cuda_graph_state"
+POOL_WIDTH = 512 + 4 + 5
+PRISTINE_WIDTH = status._evaluate_width(SITE.expression, 512, 5, POOL_WIDTH)
 
 
 def _child(env, queue):
@@ -61,26 +69,26 @@ def _entry_point_installed():
 
 
 @unittest.skipUnless(_entry_point_installed(), "sglang-dsa-fix is not installed (pip install -e .)")
+@unittest.skipUnless(status._plugin_state(TREE)["sglang_has_plugin_api"], "sglang < 0.5.11: no plugin API")
 class TestPluginInSpawnedProcess(unittest.TestCase):
     def test_plugin_widens_the_buffer(self):
         buffer, pool, error, mismatched, records = run_in_spawned_process()
         self.assertEqual(buffer, pool, records)
         self.assertEqual((error, mismatched), (None, 0))
         infos = [m for level, m in records if level == "INFO"]
-        self.assertIn("sglang-dsa-fix: applied (AFTER hook on sglang.srt.layers.attention."
-                      "dsa_backend.DeepseekSparseAttnBackend.init_cuda_graph_state)", infos)
-        self.assertIn("sglang-dsa-fix: CUDA-graph page_table widened from 517 to 521 columns "
-                      "(req_to_token)", infos)
+        self.assertIn(f"sglang-dsa-fix: applied (AFTER hook on {TARGET})", infos)
+        self.assertIn(f"sglang-dsa-fix: CUDA-graph page_table widened from {PRISTINE_WIDTH} to "
+                      f"{POOL_WIDTH} columns (req_to_token)", infos)
 
     def test_kill_switch_keeps_the_pristine_width(self):
         buffer, pool, error, _, records = run_in_spawned_process(SGLANG_DSA_FIX="0")
-        self.assertEqual((buffer, pool), (517, 521), records)
+        self.assertEqual((buffer, pool), (PRISTINE_WIDTH, POOL_WIDTH), records)
         self.assertIn("must match the size of tensor b", error)
         self.assertIn(("INFO", "sglang-dsa-fix: disabled (SGLANG_DSA_FIX=0)"), records)
 
     def test_sglang_plugins_allow_list_naming_another_plugin(self):
         buffer, pool, error, _, records = run_in_spawned_process(SGLANG_PLUGINS="someone_else")
-        self.assertEqual((buffer, pool), (517, 521), records)
+        self.assertEqual((buffer, pool), (PRISTINE_WIDTH, POOL_WIDTH), records)
         self.assertIn("must match the size of tensor b", error)
         self.assertEqual(records, [])  # never loaded
 

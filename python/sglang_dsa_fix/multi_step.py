@@ -1,6 +1,7 @@
 """Drive the real multi-step draft backend through its precompute + fused metadata-copy path.
 
-``DeepseekSparseAttnMultiStepBackend`` (0.5.14 dsa_backend.py:2546-2762) replays draft-decode
+``DeepseekSparseAttnMultiStepBackend`` (0.5.14 dsa_backend.py:2546-2762; the nsa class of
+0.5.9 - 0.5.12 works the same) replays draft-decode
 metadata for steps-1 sub-backends. With the defaults (SGLANG_DSA_ENABLE_MTP_PRECOMPUTE_METADATA
 and SGLANG_USE_FUSED_METADATA_COPY on) it precomputes ``req_to_token[idx, :max_len]`` once and
 writes it into every sub-backend's ``page_table_1`` with a JIT CUDA kernel
@@ -92,8 +93,14 @@ class MultiStepSession:
 
     def _run(self, bs, seq_lens, idx, in_capture):
         fb = _forward_batch("DECODE", bs, idx, seq_lens)
+        ms = self.multi_step
         with stand_ins_for(self.backend_cls, self.case.device):
-            self.multi_step.init_forward_metadata_out_graph(fb, in_capture=in_capture)
+            if hasattr(ms, "init_forward_metadata_out_graph"):  # 0.5.13+
+                ms.init_forward_metadata_out_graph(fb, in_capture=in_capture)
+            elif in_capture:  # 0.5.4 - 0.5.12
+                ms.init_forward_metadata_capture_cuda_graph(fb)
+            else:
+                ms.init_forward_metadata_replay_cuda_graph(fb, bs)
 
     def capture(self, bs: int) -> None:
         if bs in self.captured:

@@ -84,9 +84,16 @@ def make_pool(case: Case):
     return pool
 
 
+def _attribute_prefix(backend_cls) -> str:
+    # 0.5.13+ DeepseekSparseAttnBackend says dsa_*, 0.5.4 - 0.5.12 NativeSparseAttnBackend nsa_*.
+    return "dsa" if "init_forward_metadata_out_graph" in backend_cls.__dict__ else "nsa"
+
+
 def make_backend(backend_cls, case: Case, pool, speculative_step_id: int = 0):
-    """Real backend object; attributes mirror what 0.5.14 __init__ sets (dsa_backend.py:293-410)."""
+    """Real backend object; attributes mirror what __init__ sets (0.5.14 dsa_backend.py:293-410,
+    0.5.12 nsa_backend.py:300-400)."""
     backend = backend_cls.__new__(backend_cls)
+    prefix = _attribute_prefix(backend_cls)
     backend.device = torch.device(case.device)
     backend.max_context_len = case.context_len
     backend.req_to_token_pool = pool
@@ -96,7 +103,6 @@ def make_backend(backend_cls, case: Case, pool, speculative_step_id: int = 0):
     backend.speculative_num_steps = case.num_draft_tokens - 1
     backend.speculative_step_id = speculative_step_id
     backend.topk = 1
-    backend.dsa_index_topk = 2048
     backend.hisparse_coordinator = None
     backend.use_mha = False
     backend.enable_auto_select_prefill_impl = False
@@ -104,23 +110,30 @@ def make_backend(backend_cls, case: Case, pool, speculative_step_id: int = 0):
     # flashmla_kv needs sgl_kernel's get_mla_metadata (CUDA only); the graph page_table
     # path is identical for every decode impl.
     on_cuda = backend.device.type == "cuda"
-    backend.dsa_decode_impl = "flashmla_kv" if on_cuda else "flashmla_sparse"
-    backend.dsa_prefill_impl = backend.dsa_decode_impl
+    impl = "flashmla_kv" if on_cuda else "flashmla_sparse"
+    setattr(backend, f"{prefix}_index_topk", 2048)
+    setattr(backend, f"{prefix}_decode_impl", impl)
+    setattr(backend, f"{prefix}_prefill_impl", impl)
+    setattr(backend, f"{prefix}_kv_cache_store_fp8", on_cuda)
     backend.num_q_heads = backend.flashmla_kv_num_q_heads = 64
-    backend.dsa_kv_cache_store_fp8 = on_cuda
     return backend
+
+
+def _spec_info(num_accept):
+    """Draft-extend spec_info carrying per-request accept counts, by release."""
+    from sglang.srt.speculative import eagle_info
+
+    cls = getattr(eagle_info, "EagleDraftExtendInput", None) or eagle_info.EagleDraftInput
+    spec = cls()
+    # 0.5.12+ read num_accept_tokens (nsa_backend.py:1056), 0.5.11 num_accepted_tokens.
+    spec.num_accept_tokens = spec.num_accepted_tokens = num_accept
+    spec.num_accept_tokens_cpu = num_accept.tolist()
+    return spec
 
 
 def _forward_batch(mode: str, bs: int, req_pool_indices, seq_lens, num_accept=None):
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
-    spec_info = None
-    if mode == "DRAFT_EXTEND_V2":
-        from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
-
-        spec_info = EagleDraftExtendInput(
-            num_accept_tokens=num_accept, num_accept_tokens_cpu=num_accept.tolist()
-        )
     return ForwardBatch(
         forward_mode=getattr(ForwardMode, mode),
         batch_size=bs,
@@ -130,8 +143,24 @@ def _forward_batch(mode: str, bs: int, req_pool_indices, seq_lens, num_accept=No
         out_cache_loc=None,
         seq_lens_sum=int(seq_lens.sum()),
         seq_lens_cpu=seq_lens.cpu(),
-        spec_info=spec_info,
+        spec_info=_spec_info(num_accept) if mode == "DRAFT_EXTEND_V2" else None,
     )
+
+
+def run_graph_metadata(backend, fb, num_tokens: int, in_capture: bool) -> None:
+    """Capture or replay metadata the way each release's cuda-graph runner calls it."""
+    if "init_forward_metadata_out_graph" in type(backend).__dict__:  # 0.5.13+
+        backend.init_forward_metadata_out_graph(fb, in_capture=in_capture)
+    elif in_capture:  # 0.5.4 - 0.5.12
+        backend.init_forward_metadata_capture_cuda_graph(
+            fb.batch_size, num_tokens, fb.req_pool_indices, fb.seq_lens, None,
+            fb.forward_mode, fb.spec_info,
+        )
+    else:
+        backend.init_forward_metadata_replay_cuda_graph(
+            fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None,
+            fb.forward_mode, fb.spec_info, fb.seq_lens_cpu,
+        )
 
 
 def batch_for(case: Case, mode: str, bs: int, seq_len: int):
@@ -212,8 +241,9 @@ class GraphSession:
 
     def _run(self, mode, bs, seq_lens, req_pool_indices, num_accept, in_capture):
         fb = _forward_batch(mode, bs, req_pool_indices, seq_lens, num_accept)
+        tokens = bs if mode == "DECODE" else bs * self.case.num_draft_tokens
         with stand_ins_for(self.backend_cls, self.case.device):
-            self.backend.init_forward_metadata_out_graph(fb, in_capture=in_capture)
+            run_graph_metadata(self.backend, fb, tokens, in_capture)
 
     def capture(self, mode: str, bs: int) -> None:
         # Like the runners: seq_lens filled with the backend's fill value, pool index 0.

@@ -173,12 +173,9 @@ def find_backend_file(tree: SglangTree):
     return None
 
 
-def locate(tree: SglangTree) -> Optional[WidthSite]:
-    """The width site, or None where sglang has no DSA/NSA backend. PatchError if unrecognised."""
-    found = find_backend_file(tree)
-    if found is None:
-        return None
-    layout, path, data, module = found
+def _width_site(path: Path, layout: BackendLayout, data: bytes, module=None) -> WidthSite:
+    """The single page_table width argument in ``data``; PatchError unless exactly one."""
+    module = module or ast.parse(data)
     method = _find_method(module, layout.class_name)
     if method is None:
         raise PatchError(f"{path}: not recognised: {layout.class_name}.init_cuda_graph_state not found")
@@ -198,6 +195,15 @@ def locate(tree: SglangTree) -> Optional[WidthSite]:
         end=_byte_offset(data, arg.end_lineno, arg.end_col_offset),
         lineno=arg.lineno,
     )
+
+
+def locate(tree: SglangTree) -> Optional[WidthSite]:
+    """The width site, or None where sglang has no DSA/NSA backend. PatchError if unrecognised."""
+    found = find_backend_file(tree)
+    if found is None:
+        return None
+    layout, path, data, module = found
+    return _width_site(path, layout, data, module)
 
 
 def _resolves_to_required_width(site: WidthSite) -> bool:
@@ -289,20 +295,9 @@ def inspect(tree: SglangTree) -> Status:
 def _site_from_bytes(site: WidthSite, data: bytes) -> Optional[WidthSite]:
     """Locate the width site in other bytes of the same file (the backup)."""
     try:
-        module = ast.parse(data)
-    except SyntaxError:
+        return _width_site(site.path, site.layout, data)
+    except (SyntaxError, PatchError):
         return None
-    method = _find_method(module, site.layout.class_name)
-    calls = _page_table_allocations(method) if method else []
-    if len(calls) != 1 or len(calls[0].args) < 2:
-        return None
-    arg = calls[0].args[1]
-    return WidthSite(
-        site.path, site.layout, data,
-        _byte_offset(data, arg.lineno, arg.col_offset),
-        _byte_offset(data, arg.end_lineno, arg.end_col_offset),
-        arg.lineno,
-    )
 
 
 def _ensure_writable(path: Path) -> None:
