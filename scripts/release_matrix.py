@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -141,12 +142,20 @@ def run_pytest(row: Row, name: str, site: Path | None, target: str) -> None:
         print(proc.stdout[-4000:], proc.stderr[-2000:], sep="\n")
 
 
-def check_plugin_decision(row: Row, site: Path | None) -> None:
+def check_fixed_upstream_reports(row: Row, site: Path | None) -> None:
+    """What the plugin and ``status --json`` say about the release (found, not imported)."""
     code = "from sglang_dsa_fix import plugin; print(plugin.decide()[0])"
     proc = subprocess.run([sys.executable, "-c", code], env=env_for(site),
                           capture_output=True, text=True)
     said = proc.stdout.strip()
     row.add("plugin decides", said == "not needed (fixed upstream)", said or proc.stderr[-300:])
+    proc = subprocess.run([sys.executable, "-m", "sglang_dsa_fix.cli", "status", "--json"],
+                          env=env_for(site), capture_output=True, text=True)
+    try:
+        verdict = json.loads(proc.stdout)["verdict"]
+    except (ValueError, KeyError):
+        verdict = proc.stderr[-300:]
+    row.add("status --json verdict", verdict == "fixed upstream", verdict)
 
 
 def main(argv=None) -> int:
@@ -174,7 +183,7 @@ def main(argv=None) -> int:
         if release.version == BASE_VERSION:
             row.add("plugin in spawned processes", True, "run by the main test suite (base environment)")
         elif release.verdict == "fixed upstream":
-            check_plugin_decision(row, site)
+            check_fixed_upstream_reports(row, site)
         elif release.plugin and release.version != BASE_VERSION:
             run_pytest(row, "plugin in spawned processes", site, "test/test_plugin.py")
         elif not release.plugin:

@@ -65,6 +65,22 @@ class TestStatus(PatchToolTestCase):
         self.assertFalse(report["plugin"]["enabled"])
         self.assertIn("run `sglang-dsa-fix apply`", report["advice"])
 
+    @unittest.skipUnless(status._entry_point_installed(), "sglang-dsa-fix is not installed")
+    def test_installed_plugin_is_reported_enabled(self):
+        # The real entry-point metadata of this environment, against the installed sglang.
+        with mock.patch.dict(os.environ, {plugin.KILL_SWITCH: "1", "SGLANG_PLUGINS": ""}):
+            rc, out, _ = run_cli("status", "--json")
+        report = json.loads(out)
+        self.assertEqual(rc, 0)
+        self.assertTrue(report["plugin"]["installed"])
+        self.assertTrue(report["plugin"]["enabled"])
+
+    def test_topk_above_one_with_pages_is_refused(self):
+        rc, out, err = self.cli("status", "--context-length", "512", "--speculative-num-draft-tokens",
+                                "5", "--page-size", "64", "--speculative-eagle-topk", "2")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertIn("not supported by the DSA backend", err)
+
     def test_text_output(self):
         rc, out, _ = self.cli("status", *SHAPE)
         self.assertEqual(rc, 0)
