@@ -13,7 +13,7 @@ buffers it wrote are compared with ``req_to_token``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
