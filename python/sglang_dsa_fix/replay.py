@@ -185,7 +185,7 @@ def columns_read(case: Case, mode: str, seq_len: int) -> int:
 
 def seq_len_limit(case: Case, mode: str, pool_width: int) -> int:
     """Largest seq_len whose replay read still fits in the request pool."""
-    return pool_width - (columns_read(case, mode, 0))
+    return pool_width - columns_read(case, mode, 0)  # the columns read beyond seq_len
 
 
 class GraphReader:

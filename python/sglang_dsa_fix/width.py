@@ -72,8 +72,3 @@ def req_to_token_extra(num_draft_tokens: int, page_size: int, topk: int) -> int:
 def target_verify_columns(seq_len: int, num_draft_tokens: int) -> int:
     """Columns a TARGET_VERIFY replay copies for a batch whose longest request is seq_len."""
     return seq_len + num_draft_tokens
-
-
-def max_target_verify_seq_len(pool_width: int, num_draft_tokens: int) -> int:
-    """Largest seq_len whose target_verify read still fits in the request pool."""
-    return pool_width - num_draft_tokens

@@ -110,6 +110,18 @@ class TestSeqlensExpandReference(CustomTestCase):
         )
 
 
+class TestPoolWidthMirror(CustomTestCase):
+    """width.req_to_token_extra (used by status and the benchmark) must equal sglang's sizing."""
+
+    def test_matches_sglang(self):
+        for D, page in itertools.product(DRAFT_TOKENS, PAGE_SIZES):
+            case = replay.Case(256, D, page, MAX_BS)
+            with self.subTest(D=D, page=page):
+                self.assertEqual(
+                    replay.req_to_token_width(case) - 256, width.req_to_token_extra(D, page, 1)
+                )
+
+
 class _ReplayMatrix:
     """Shared body of the CPU tier and the GPU tier (device='cuda')."""
 
