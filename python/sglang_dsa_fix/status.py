@@ -85,7 +85,7 @@ def collect(root: Optional[str], context_length=None, num_draft_tokens=None, pag
                 "leaves it out): enable it, or run `sglang-dsa-fix apply`"
             )
         else:
-            report["advice"] = "pip install sglang-dsa-fix (plugin), or run `sglang-dsa-fix apply`"
+            report["advice"] = "install this package (the plugin), or run `sglang-dsa-fix apply`"
     if context_length is not None and num_draft_tokens is not None and site is not None:
         pool = context_length + width.req_to_token_extra(num_draft_tokens, page_size, topk)
         buffer = _evaluate_width(site.expression, context_length, num_draft_tokens, pool)
