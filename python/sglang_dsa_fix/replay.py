@@ -5,9 +5,10 @@ with ``__new__`` and only the attributes its graph paths read are set, as upstre
 backend unit tests do; the request pool is sglang's real ``ReqToTokenPool`` sized the way
 ``ModelRunner._init_pools`` sizes it (0.5.14 model_executor/model_runner_kv_cache_mixin.py:338-340).
 
-Each replay goes through ``init_forward_metadata_out_graph`` exactly as the decode / EAGLE
-cuda-graph runners call it (decode_cuda_graph_runner.py:772 capture, :950 replay), and the
-buffers it wrote are compared with ``req_to_token``.
+Each capture / replay goes through the entry point the decode / EAGLE cuda-graph runners call
+(0.5.13+: ``init_forward_metadata_out_graph``, decode_cuda_graph_runner.py:772 capture, :950
+replay; 0.5.4 - 0.5.12: ``init_forward_metadata_{capture,replay}_cuda_graph``), and the buffers
+it wrote are compared with ``req_to_token``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def req_to_token_width(case: Case) -> int:
     """Row width of req_to_token for this case, from sglang's own sizing where it exists."""
     try:  # 0.5.13+: mem_cache/common.py:251
         from sglang.srt.mem_cache.common import get_req_to_token_extra_context_len
-    except ImportError:
+    except ImportError:  # older releases size it inline (0.5.12 model_runner_kv_cache_mixin.py:245)
         return case.context_len + width.req_to_token_extra(case.num_draft_tokens, case.page_size, 1)
     server_args = SimpleNamespace(
         max_speculative_num_draft_tokens=case.num_draft_tokens,
