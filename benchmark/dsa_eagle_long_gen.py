@@ -329,13 +329,14 @@ def prepare_variant(variant: str, work: Path) -> dict:
 
 
 def page_table_bytes(variant: str, args) -> int:
-    from sglang_dsa_fix import width
+    """Target-verify graph buffer, max_bs * D rows x width x 4 B; widths as `status` reads them
+    from the installed sglang (pristine: its own width expression; fixed: req_to_token's)."""
+    from sglang_dsa_fix import status
 
     D = args.speculative_num_steps + 1
-    rows = args.concurrency * D  # target-verify graph buffer: max_bs * D rows
-    pool = args.context_len + width.req_to_token_extra(D, 64, 1)
-    cols = args.context_len + D if variant == "none" else pool
-    return rows * cols * 4
+    shape = status.collect(None, args.context_len, D, 64, 1)["shape"]
+    key = "graph_page_table_width_in_source" if variant == "none" else "req_to_token_width"
+    return args.concurrency * D * shape[key] * 4
 
 
 def run_variant(variant: str, args, work: Path) -> dict:

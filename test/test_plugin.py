@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import sys
 import unittest
-from importlib import metadata
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
@@ -63,12 +62,7 @@ def run_in_spawned_process(**env):
         proc.join(timeout=60)
 
 
-def _entry_point_installed():
-    return any(ep.name == plugin.ENTRY_POINT_NAME
-               for ep in metadata.entry_points(group="sglang.srt.plugins"))
-
-
-@unittest.skipUnless(_entry_point_installed(), "sglang-dsa-fix is not installed (pip install -e .)")
+@unittest.skipUnless(status._entry_point_installed(), "sglang-dsa-fix is not installed (pip install -e .)")
 @unittest.skipUnless(status._plugin_state(TREE)["sglang_has_plugin_api"], "sglang < 0.5.11: no plugin API")
 class TestPluginInSpawnedProcess(unittest.TestCase):
     def test_plugin_widens_the_buffer(self):
