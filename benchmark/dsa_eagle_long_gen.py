@@ -47,6 +47,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
+# What the plugin logs in a scheduler once it widened the buffer (sglang_dsa_fix/plugin.py):
+# present in the plugin variant's log, absent from the others', or the run is not a comparison.
+WIDENED_LINE = "sglang-dsa-fix: CUDA-graph page_table widened"
 CRASH_PATTERN = re.compile(r"RuntimeError: The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)[^\n]*")
 
 
@@ -432,7 +435,9 @@ def prepare_variant(variant: str, work: Path) -> dict:
     base = os.environ.get("PYTHONPATH", "")
     env = {"SGLANG_DSA_FIX": "1"}
     if variant == "none":
-        env["PYTHONPATH"] = base
+        # The kill switch keeps our plugin inert should an install of it be visible anyway
+        # (an editable install, a python/*.egg-info on PYTHONPATH).
+        env = {"SGLANG_DSA_FIX": "0", "PYTHONPATH": base}
     elif variant == "apply":
         installed = source_patch.find_tree(None)
         copy = work / "apply-site"
@@ -441,9 +446,15 @@ def prepare_variant(variant: str, work: Path) -> dict:
         print("apply:", source_patch.apply(source_patch.find_tree(str(copy))), flush=True)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(copy), base]))
     elif variant == "plugin":
-        target = work / "plugin-site"
+        # Built from a copy: building in the checkout would leave python/sglang_dsa_fix.egg-info
+        # there, and with python/ on PYTHONPATH its entry point would reach the other variants.
+        source, target = work / "plugin-src", work / "plugin-site"
+        shutil.copytree(REPO / "python" / "sglang_dsa_fix", source / "python" / "sglang_dsa_fix",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(REPO / name, source / name)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                        "--no-build-isolation", "--target", str(target), str(REPO)], check=True)
+                        "--no-build-isolation", "--target", str(target), str(source)], check=True)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), base]))
     else:
         raise SystemExit(f"unknown variant {variant!r}")
@@ -530,6 +541,7 @@ def summarize(variant: Variant, args) -> dict:
         "start_s": result.get("start_s"),
         "wall_s": variant.wall_s,
         "crash": crash,
+        "plugin_widened": WIDENED_LINE in text,
         "boundary_requests": boundary["requests"],
         "boundary_completed": boundary["completed"],
         "boundary_failed": boundary["failed"],
@@ -644,7 +656,12 @@ def main(argv=None) -> int:
              and r["control_failed"] == 0 and r["control_reps"] == args.control_reps for r in fixed)
     reproduced = all(r["crash"] for r in pristine)
     print(f"fixed variants complete every request: {ok}; pristine reproduces the crash: {reproduced}")
-    return 0 if ok and reproduced else 1
+    misrouted = [r["variant"] for r in rows if r["plugin_widened"] != (r["variant"] == "plugin")]
+    if misrouted:
+        print(f"NOT A VALID COMPARISON: the plugin's widening line is "
+              f"{'missing from' if 'plugin' in misrouted else 'present in'} the log of "
+              f"{', '.join(misrouted)}")
+    return 0 if ok and reproduced and not misrouted else 1
 
 
 if __name__ == "__main__":
