@@ -326,8 +326,8 @@ def itl_percentiles(gaps) -> dict:
 
 # ---------------------------------------------------------------------------- parent
 class GpuMemory:
-    """Device memory in use, sampled by one long-running `nvidia-smi -lms` (starting nvidia-smi
-    for every sample would itself disturb the timed phases)."""
+    """Device memory in use, sampled by one long-running `nvidia-smi -lms`, not one nvidia-smi
+    start per sample during the timed phases."""
 
     def __init__(self, interval_ms: int = 200):
         self.samples = []  # (perf_counter, MiB)
@@ -419,6 +419,8 @@ class Variant:
         return ok
 
     def stop(self):
+        if self.log.closed:
+            return
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -562,14 +564,6 @@ def summarize(variant: Variant, args) -> dict:
     }
 
 
-def quantile(values, q: float) -> float:
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def add_control_ratios(rows):
     """Each fixed variant's control tok/s over pristine's, rep by rep (the two ran back to back)."""
     pristine = next((r for r in rows if r["variant"] == "none"), None)
@@ -579,11 +573,12 @@ def add_control_ratios(rows):
         if not pairs:
             continue
         ratios = [f / p for f, p in pairs]
+        deciles = statistics.quantiles(ratios, n=10, method="inclusive") if len(ratios) > 1 else ratios * 9
         row["control_ratio_vs_none"] = {
             "per_rep": ratios,
             "median": statistics.median(ratios),
-            "p10": quantile(ratios, 0.10),
-            "p90": quantile(ratios, 0.90),
+            "p10": deciles[0],
+            "p90": deciles[8],
             "of_medians": statistics.median(f for f, _ in pairs) / statistics.median(p for _, p in pairs),
         }
 
