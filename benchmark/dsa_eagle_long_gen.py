@@ -435,12 +435,12 @@ def prepare_variant(variant: str, work: Path) -> dict:
     from sglang_dsa_fix import source_patch
 
     base = os.environ.get("PYTHONPATH", "")
-    env = {"SGLANG_DSA_FIX": "1"}
     if variant == "none":
         # The kill switch keeps our plugin inert should an install of it be visible anyway
         # (an editable install, a python/*.egg-info on PYTHONPATH).
-        env = {"SGLANG_DSA_FIX": "0", "PYTHONPATH": base}
-    elif variant == "apply":
+        return {"SGLANG_DSA_FIX": "0", "PYTHONPATH": base}
+    env = {"SGLANG_DSA_FIX": "1"}
+    if variant == "apply":
         installed = source_patch.find_tree(None)
         copy = work / "apply-site"
         shutil.copytree(installed.package_parent / "sglang", copy / "sglang",
@@ -463,15 +463,18 @@ def prepare_variant(variant: str, work: Path) -> dict:
     return env
 
 
-def page_table_bytes(variant: str, args) -> int:
-    """Target-verify graph buffer, max_bs * D rows x width x 4 B; widths as `status` reads them
-    from the installed sglang (pristine: its own width expression; fixed: req_to_token's)."""
+def page_table_bytes(args) -> dict:
+    """Per variant, the target-verify graph buffer, max_bs * D rows x width x 4 B; widths as
+    `status` reads them from the installed sglang (pristine: its own width expression; fixed:
+    req_to_token's)."""
     from sglang_dsa_fix import status
 
     D = args.speculative_num_steps + 1
     shape = status.collect(None, args.context_len, D, 64, 1)["shape"]
-    key = "graph_page_table_width_in_source" if variant == "none" else "req_to_token_width"
-    return args.concurrency * D * shape[key] * 4
+    rows = args.concurrency * D
+    return {name: rows * shape[key] * 4 for name, key in (
+        ("none", "graph_page_table_width_in_source"), ("apply", "req_to_token_width"),
+        ("plugin", "req_to_token_width"))}
 
 
 def forward_args(args, port: int) -> list:
@@ -485,7 +488,7 @@ def forward_args(args, port: int) -> list:
 def run_all(names, args, work: Path):
     """Start the variants one after another (no two JIT-compiling at once), alternate the control
     reps between the running engines (ABBA order, so drift and warm-up hit every variant alike),
-    then give each its boundary phase, last to first-started, stopping it right after."""
+    then give each its boundary phase in start order, stopping it right after."""
     # Every variant's files first: a variant that cannot be prepared stops the run before any
     # engine starts.
     envs = [{**os.environ, **variant_env(args), **prepare_variant(name, work)} for name in names]
@@ -520,13 +523,13 @@ def run_all(names, args, work: Path):
             variant.stop()
     finally:
         for variant in variants:
-            if variant.process.poll() is None:
-                variant.stop()
+            variant.stop()  # no-op for those already stopped
         memory.close()
-    return [summarize(v, args) for v in variants]
+    table_bytes = page_table_bytes(args)
+    return [summarize(v, args, table_bytes[v.name]) for v in variants]
 
 
-def summarize(variant: Variant, args) -> dict:
+def summarize(variant: Variant, args, table_bytes: int) -> dict:
     result = variant.result()
     text = variant.log_path.read_text(errors="replace")
     crash = variant.crash or (m.group(0) if (m := CRASH_PATTERN.search(text)) else None)
@@ -560,12 +563,12 @@ def summarize(variant: Variant, args) -> dict:
         "itl_ms_p99": itl["p99"],
         "gpu_mem_after_start_mib": variant.start_mib,
         "peak_gpu_mem_mib": variant.peak_mib,
-        "page_table_bytes_computed": page_table_bytes(variant.name, args),
+        "page_table_bytes_computed": table_bytes,
     }
 
 
 def add_control_ratios(rows):
-    """Each fixed variant's control tok/s over pristine's, rep by rep (the two ran back to back)."""
+    """Each fixed variant's control tok/s over pristine's, rep by rep (same round of reps)."""
     pristine = next((r for r in rows if r["variant"] == "none"), None)
     for row in rows:
         pairs = (list(zip(row["control_tok_per_s"], pristine["control_tok_per_s"]))
