@@ -45,12 +45,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "python"))
 
 # What the plugin logs in a scheduler once it widened the buffer (sglang_dsa_fix/plugin.py):
 # present in the plugin variant's log, absent from the others', or the run is not a comparison.
 WIDENED_LINE = "sglang-dsa-fix: CUDA-graph page_table widened"
-CRASH_PATTERN = re.compile(r"RuntimeError: The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)[^\n]*")
+CRASH_PATTERN = re.compile(
+    r"RuntimeError: The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)[^\n]*"
+)
 
 
 # ---------------------------------------------------------------------------- the model
@@ -174,9 +175,7 @@ class EngineClient:
 
     async def stream(self, input_ids, params):
         times, meta = [], {}
-        generator = await self.engine.async_generate(
-            input_ids=input_ids, sampling_params=params, stream=True
-        )
+        generator = await self.engine.async_generate(input_ids=input_ids, sampling_params=params, stream=True)
         async for chunk in generator:
             times.append(time.perf_counter())
             meta = chunk.get("meta_info", meta)
@@ -197,8 +196,10 @@ class ServerClient:
             elif value not in (False, None):
                 cli += [flag, str(value)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", *cli], stdin=subprocess.DEVNULL,
-            stdout=log, stderr=log
+            [sys.executable, "-m", "sglang.launch_server", *cli],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
         )
         deadline = time.time() + args.start_timeout
         while time.time() < deadline:
@@ -215,8 +216,9 @@ class ServerClient:
     def _post(self, input_ids, params):
         times, meta = [], {}
         body = {"input_ids": input_ids, "sampling_params": params, "stream": True}
-        with self.requests.post(f"http://127.0.0.1:{self.port}/generate", json=body,
-                                stream=True, timeout=(5, None)) as response:
+        with self.requests.post(
+            f"http://127.0.0.1:{self.port}/generate", json=body, stream=True, timeout=(5, None)
+        ) as response:
             response.raise_for_status()
             for line in response.iter_lines():
                 if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
@@ -247,8 +249,11 @@ async def run_group(client, requests, concurrency: int, timeout: float) -> dict:
     for task in pending:
         task.cancel()
     wall = time.perf_counter() - began
-    finished = [o for o in outcomes if o["error"] is None
-                and (o["meta"].get("finish_reason") or {}).get("type") == "length"]
+    finished = [
+        o
+        for o in outcomes
+        if o["error"] is None and (o["meta"].get("finish_reason") or {}).get("type") == "length"
+    ]
     tokens = sum(o["meta"].get("completion_tokens", 0) for o in finished)
     gaps = [b - a for o in finished for a, b in zip(o["times"], o["times"][1:])]
     accept = [o["meta"]["spec_accept_length"] for o in finished if "spec_accept_length" in o["meta"]]
@@ -290,10 +295,8 @@ def worker(args) -> int:
     for line in iter(sys.stdin.readline, ""):  # one command per line, as the parent sends it
         command = line.split()
         if command[:1] == ["control"]:
-            reqs = make_requests(args.control_requests, 64, args.control_max_new,
-                                 100 + int(command[1]))
-            summary = loop.run_until_complete(
-                run_group(client, reqs, args.concurrency, args.phase_timeout))
+            reqs = make_requests(args.control_requests, 64, args.control_max_new, 100 + int(command[1]))
+            summary = loop.run_until_complete(run_group(client, reqs, args.concurrency, args.phase_timeout))
             gaps += summary.pop("gaps")
             result["control"].append(summary)
             result["control_itl_ms"] = itl_percentiles(gaps)
@@ -307,8 +310,7 @@ def worker(args) -> int:
             # prompt + D + max_new > context_len), while None is clamped to
             # context_len - prompt - 2 = max_new.
             reqs = make_requests(args.soak, prompt, None, 7)
-            summary = loop.run_until_complete(
-                run_group(client, reqs, args.concurrency, args.phase_timeout))
+            summary = loop.run_until_complete(run_group(client, reqs, args.concurrency, args.phase_timeout))
             summary.pop("gaps")
             result["boundary"] = summary
             save()
@@ -333,10 +335,19 @@ class GpuMemory:
         self.samples = []  # (perf_counter, MiB)
         try:
             self.process = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                 "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
-                 "-lms", str(interval_ms)],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                [
+                    "nvidia-smi",
+                    "--query-gpu=memory.used",
+                    "--format=csv,noheader,nounits",
+                    "-i",
+                    os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
+                    "-lms",
+                    str(interval_ms),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
         except FileNotFoundError:
             self.process = None
             return
@@ -366,14 +377,28 @@ class Variant:
     def __init__(self, name: str, env: dict, args, work: Path, index: int):
         self.name, self.args = name, args
         self.log_path, self.result_path = work / f"{name}.log", work / f"{name}.json"
-        cmd = [sys.executable, __file__, "--worker", name, "--result", str(self.result_path),
-               "--model-dir", str(work / "model")] + forward_args(args, port=args.port + 10 * index)
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            name,
+            "--result",
+            str(self.result_path),
+            "--model-dir",
+            str(work / "model"),
+        ] + forward_args(args, port=args.port + 10 * index)
         print(f"[{name}] starting (log: {self.log_path})", flush=True)
         self.began = time.perf_counter()
         self.log = open(self.log_path, "w")
-        self.process = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=self.log,
-                                        stderr=subprocess.STDOUT, text=True,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self.crash = None
         self.start_mib = self.peak_mib = None
 
@@ -430,9 +455,37 @@ class Variant:
         self.wall_s = time.perf_counter() - self.began
 
 
+def install_entry_point(site: Path, dist: str, version: str, sources: list, entry_points: str) -> None:
+    """Make ``site`` hold a package with an ``sglang.srt.plugins`` entry point, as pip would,
+    without building anything: the GPU host has no index, and building in the checkout would
+    leave python/sglang_dsa_fix.egg-info there, whose entry point would reach every variant."""
+    site.mkdir(parents=True, exist_ok=True)
+    for source in sources:
+        if source.is_dir():
+            shutil.copytree(source, site / source.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, site / source.name)
+    info = site / f"{dist}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[sglang.srt.plugins]\n{entry_points}\n")
+
+
+def install_plugin(site: Path) -> None:
+    from sglang_dsa_fix import __version__, plugin
+
+    install_entry_point(
+        site,
+        "sglang_dsa_fix",
+        __version__,
+        [REPO / "python" / "sglang_dsa_fix"],
+        f"{plugin.ENTRY_POINT_NAME} = sglang_dsa_fix.plugin:register",
+    )
+
+
 def prepare_variant(variant: str, work: Path) -> dict:
     """Environment for a variant's process: PYTHONPATH with a patched copy or the plugin."""
-    from sglang_dsa_fix import source_patch
+    from sglang_dsa_fix import source_patch, tree
 
     base = os.environ.get("PYTHONPATH", "")
     if variant == "none":
@@ -441,22 +494,16 @@ def prepare_variant(variant: str, work: Path) -> dict:
         return {"SGLANG_DSA_FIX": "0", "PYTHONPATH": base}
     env = {"SGLANG_DSA_FIX": "1"}
     if variant == "apply":
-        installed = source_patch.find_tree(None)
         copy = work / "apply-site"
-        shutil.copytree(installed.package_parent / "sglang", copy / "sglang",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        print("apply:", source_patch.apply(source_patch.find_tree(str(copy))), flush=True)
+        shutil.copytree(
+            tree.find_tree(None).package, copy / "sglang", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        outcome = source_patch.apply(tree.find_tree(str(copy)))
+        print("apply:", ", ".join(str(p) for p in outcome.changed), flush=True)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(copy), base]))
     elif variant == "plugin":
-        # Built from a copy: building in the checkout would leave python/sglang_dsa_fix.egg-info
-        # there, and with python/ on PYTHONPATH its entry point would reach the other variants.
-        source, target = work / "plugin-src", work / "plugin-site"
-        shutil.copytree(REPO / "python" / "sglang_dsa_fix", source / "python" / "sglang_dsa_fix",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        for name in ("pyproject.toml", "README.md"):
-            shutil.copy2(REPO / name, source / name)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                        "--no-build-isolation", "--target", str(target), str(source)], check=True)
+        target = work / "plugin-site"
+        install_plugin(target)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), base]))
     else:
         raise SystemExit(f"unknown variant {variant!r}")
@@ -467,20 +514,34 @@ def page_table_bytes(args) -> dict:
     """Per variant, the target-verify graph buffer, max_bs * D rows x width x 4 B; widths as
     `status` reads them from the installed sglang (pristine: its own width expression; fixed:
     req_to_token's)."""
-    from sglang_dsa_fix import status
+    from sglang_dsa_fix import status, width
 
     D = args.speculative_num_steps + 1
-    shape = status.collect(None, args.context_len, D, 64, 1)["shape"]
+    spec = width.SpecShape(args.context_len, D, args.speculative_num_steps, page_size=64)
+    report = status.collect(None, spec)
+    pristine = next(b for b in report["bugs"] if b["bug"] == "page_table").get("shape", {})
+    fixed_pool = args.context_len + width.fixed_row_extra(report["sglang_version"], spec)
     rows = args.concurrency * D
-    return {name: rows * shape[key] * 4 for name, key in (
-        ("none", "graph_page_table_width_in_source"), ("apply", "req_to_token_width"),
-        ("plugin", "req_to_token_width"))}
+    # "none" only where the tree is pristine (with a fix live, status reports the fixed width).
+    return {
+        "none": rows * pristine.get("graph_page_table_width", 0) * 4,
+        "apply": rows * fixed_pool * 4,
+        "plugin": rows * fixed_pool * 4,
+    }
 
 
 def forward_args(args, port: int) -> list:
     out = ["--port", str(port)]
-    for key in ("context_len", "speculative_num_steps", "concurrency", "soak", "control_requests",
-                "control_max_new", "phase_timeout", "start_timeout"):
+    for key in (
+        "context_len",
+        "speculative_num_steps",
+        "concurrency",
+        "soak",
+        "control_requests",
+        "control_max_new",
+        "phase_timeout",
+        "start_timeout",
+    ):
         out += ["--" + key.replace("_", "-"), str(getattr(args, key))]
     return out + (["--server"] if args.server else [])
 
@@ -510,16 +571,22 @@ def run_all(names, args, work: Path):
         for rep in range(args.control_reps):
             order = variants if rep % 2 == 0 else variants[::-1]
             for variant in [v for v in order if v.alive]:
-                variant.run_phase(f"control {rep}", lambda r: len(r.get("control", [])) > rep,
-                                  memory)
-            rates = ", ".join(f"{v.name} {v.result()['control'][rep]['output_tok_per_s']:.0f}"
-                              for v in variants if len(v.result().get("control", [])) > rep)
+                variant.run_phase(
+                    f"control {rep}", lambda r, rep=rep: len(r.get("control", [])) > rep, memory
+                )
+            rates = ", ".join(
+                f"{v.name} {v.result()['control'][rep]['output_tok_per_s']:.0f}"
+                for v in variants
+                if len(v.result().get("control", [])) > rep
+            )
             print(f"control rep {rep + 1}/{args.control_reps} tok/s: {rates}", flush=True)
         for variant in variants:
             if variant.alive:
                 variant.run_phase("boundary", lambda r: "boundary" in r, memory)
-                print(f"[{variant.name}] boundary: "
-                      f"{'CRASH ' + variant.crash if variant.crash else 'no crash'}", flush=True)
+                print(
+                    f"[{variant.name}] boundary: {'CRASH ' + variant.crash if variant.crash else 'no crash'}",
+                    flush=True,
+                )
             variant.stop()
     finally:
         for variant in variants:
@@ -533,8 +600,12 @@ def summarize(variant: Variant, args, table_bytes: int) -> dict:
     result = variant.result()
     text = variant.log_path.read_text(errors="replace")
     crash = variant.crash or (m.group(0) if (m := CRASH_PATTERN.search(text)) else None)
-    boundary = result.get("boundary") or {"requests": args.soak, "completed": 0,
-                                           "failed": args.soak, "timed_out": args.soak}
+    boundary = result.get("boundary") or {
+        "requests": args.soak,
+        "completed": 0,
+        "failed": args.soak,
+        "timed_out": args.soak,
+    }
     control = result.get("control") or []
     rates = [c["output_tok_per_s"] for c in control]
     accept = [c["accept_length"] for c in control if c["accept_length"] is not None]
@@ -571,8 +642,11 @@ def add_control_ratios(rows):
     """Each fixed variant's control tok/s over pristine's, rep by rep (same round of reps)."""
     pristine = next((r for r in rows if r["variant"] == "none"), None)
     for row in rows:
-        pairs = (list(zip(row["control_tok_per_s"], pristine["control_tok_per_s"]))
-                 if pristine and row is not pristine else [])
+        pairs = (
+            list(zip(row["control_tok_per_s"], pristine["control_tok_per_s"]))
+            if pristine and row is not pristine
+            else []
+        )
         if not pairs:
             continue
         ratios = [f / p for f, p in pairs]
@@ -598,8 +672,12 @@ def main(argv=None) -> int:
     parser.add_argument("--control-max-new", type=int, default=192)
     parser.add_argument("--control-reps", type=int, default=10)
     parser.add_argument("--phase-timeout", type=float, default=90, help="seconds per phase")
-    parser.add_argument("--start-timeout", type=float, default=420,
-                        help="seconds for an engine to start (a cold JIT cache needs minutes)")
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=420,
+        help="seconds for an engine to start (a cold JIT cache needs minutes)",
+    )
     parser.add_argument("--port", type=int, default=30123, help="server mode: first variant's port")
     parser.add_argument("--jsonl", help="append one JSON line per variant to this file")
     parser.add_argument("--work-dir", help="keep logs here (default: a temporary directory)")
@@ -623,42 +701,57 @@ def main(argv=None) -> int:
     add_control_ratios(rows)
 
     D = args.speculative_num_steps + 1
-    print(f"\nEAGLE steps {args.speculative_num_steps}, topk 1, D {D}; context_len "
-          f"{args.context_len}; concurrency {args.concurrency}; "
-          f"{'launch_server' if args.server else 'Engine'}; {args.control_reps} control reps of "
-          f"{args.control_requests} x {args.control_max_new} tokens; logs in {work}")
+    print(
+        f"\nEAGLE steps {args.speculative_num_steps}, topk 1, D {D}; context_len "
+        f"{args.context_len}; concurrency {args.concurrency}; "
+        f"{'launch_server' if args.server else 'Engine'}; {args.control_reps} control reps of "
+        f"{args.control_requests} x {args.control_max_new} tokens; logs in {work}"
+    )
     # page_table B: the target-verify graph buffer, max_bs * D rows x width x 4, computed.
-    print(f"{'variant':<8} {'boundary ok/n':>13} {'ctrl tok/s median':>17} {'accept':>6} "
-          f"{'ITL p50/p99 ms':>15} {'MiB start/peak':>14} {'page_table B':>12}  crash")
+    print(
+        f"{'variant':<8} {'boundary ok/n':>13} {'ctrl tok/s median':>17} {'accept':>6} "
+        f"{'ITL p50/p99 ms':>15} {'MiB start/peak':>14} {'page_table B':>12}  crash"
+    )
     for r in rows:
         median = r["control_tok_per_s_median"]
-        itl = (f"{r['itl_ms_p50']:.2f}/{r['itl_ms_p99']:.2f}" if r["itl_ms_p50"] is not None else "-")
+        itl = f"{r['itl_ms_p50']:.2f}/{r['itl_ms_p99']:.2f}" if r["itl_ms_p50"] is not None else "-"
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] is not None else "-"
         mem = f"{r['gpu_mem_after_start_mib']}/{r['peak_gpu_mem_mib']}"
-        print(f"{r['variant']:<8} {r['boundary_completed']:>6}/{r['boundary_requests']:<6} "
-              f"{median if median is None else round(median):>17} {acc:>6} {itl:>15} {mem:>14} "
-              f"{r['page_table_bytes_computed']:>12}  {r['crash'] or '-'}")
+        print(
+            f"{r['variant']:<8} {r['boundary_completed']:>6}/{r['boundary_requests']:<6} "
+            f"{median if median is None else round(median):>17} {acc:>6} {itl:>15} {mem:>14} "
+            f"{r['page_table_bytes_computed']:>12}  {r['crash'] or '-'}"
+        )
     for r in rows:
         ratio = r.get("control_ratio_vs_none")
         if ratio:
-            print(f"control tok/s {r['variant']}/none, paired reps: median {ratio['median']:.3f} "
-                  f"[p10 {ratio['p10']:.3f}, p90 {ratio['p90']:.3f}], ratio of medians "
-                  f"{ratio['of_medians']:.3f} (target >= 0.99)")
+            print(
+                f"control tok/s {r['variant']}/none, paired reps: median {ratio['median']:.3f} "
+                f"[p10 {ratio['p10']:.3f}, p90 {ratio['p90']:.3f}], ratio of medians "
+                f"{ratio['of_medians']:.3f} (target >= 0.99)"
+            )
     if args.jsonl:
         with open(args.jsonl, "a") as handle:
             for r in rows:
                 handle.write(json.dumps(r) + "\n")
     pristine = [r for r in rows if r["variant"] == "none"]
     fixed = [r for r in rows if r["variant"] != "none"]
-    ok = all(r["crash"] is None and r["boundary_completed"] == r["boundary_requests"]
-             and r["control_failed"] == 0 and r["control_reps"] == args.control_reps for r in fixed)
+    ok = all(
+        r["crash"] is None
+        and r["boundary_completed"] == r["boundary_requests"]
+        and r["control_failed"] == 0
+        and r["control_reps"] == args.control_reps
+        for r in fixed
+    )
     reproduced = all(r["crash"] for r in pristine)
     print(f"fixed variants complete every request: {ok}; pristine reproduces the crash: {reproduced}")
     misrouted = [r["variant"] for r in rows if r["plugin_widened"] != (r["variant"] == "plugin")]
     if misrouted:
-        print(f"NOT A VALID COMPARISON: the plugin's widening line is "
-              f"{'missing from' if 'plugin' in misrouted else 'present in'} the log of "
-              f"{', '.join(misrouted)}")
+        print(
+            f"NOT A VALID COMPARISON: the plugin's widening line is "
+            f"{'missing from' if 'plugin' in misrouted else 'present in'} the log of "
+            f"{', '.join(misrouted)}"
+        )
     return 0 if ok and reproduced and not misrouted else 1
 
 

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
 import torch  # noqa: E402
 
@@ -53,18 +50,17 @@ def main(argv=None) -> int:
         print("dsa_replay_cost: needs a CUDA device", file=sys.stderr)
         return 2
 
-    from sglang_dsa_fix import replay, runtime_fix, width
-    from sglang_dsa_fix.backends import import_backend_class
+    from sglang_dsa_fix import runtime_fix, width
+    from sglang_dsa_fix.proof import replay
 
-    _, backend_cls = import_backend_class()
-    case = replay.Case(args.context_len, args.speculative_num_draft_tokens, args.page_size,
-                       args.bs, "cuda")
+    _, backend_cls = replay.import_backend_class()
+    case = replay.Case(args.context_len, args.speculative_num_draft_tokens, args.page_size, args.bs, "cuda")
     sessions = {"pristine": replay.GraphSession(backend_cls, case)}
-    runtime_fix.install(backend_cls)
+    runtime_fix.install_page_table_fix(backend_cls)
     try:
         sessions["fixed"] = replay.GraphSession(backend_cls, case)
     finally:
-        runtime_fix.uninstall(backend_cls)
+        runtime_fix.uninstall_page_table_fix(backend_cls)
     mode, bs = "TARGET_VERIFY", args.bs
     # Inputs below the boundary (both variants must succeed), rotated so no two consecutive
     # updates copy the same rows.
@@ -120,7 +116,7 @@ def main(argv=None) -> int:
         result[name] = {
             "page_table_width": table.shape[1],
             "page_table_bytes": table.numel() * table.element_size(),
-            "kernel_launches_per_update": count_launches(lambda: update(session, 0)),
+            "kernel_launches_per_update": count_launches(lambda session=session: update(session, 0)),
             "gpu_us": {k: v * 1000 for k, v in quantiles(gpu_ms[name]).items()},
             "host_us": quantiles(host_us[name]),
         }
@@ -130,22 +126,30 @@ def main(argv=None) -> int:
     result["ratio_fixed_over_pristine_gpu"] = quantiles(ratios_gpu)
     result["ratio_fixed_over_pristine_host"] = quantiles(ratios_host)
 
-    print(f"TARGET_VERIFY replay update, {result['gpu']}, sglang {result['sglang']}, torch "
-          f"{result['torch']}: context_len {case.context_len}, D {case.num_draft_tokens}, page "
-          f"{case.page_size}, bs {bs}, {args.iters} interleaved updates each, {args.rotate} rotated inputs")
-    print(f"{'variant':<9} {'width':>8} {'page_table bytes':>17} {'launches':>8} "
-          f"{'GPU us p50 [p5, p95]':>26} {'host us p50 [p5, p95]':>26}")
+    print(
+        f"TARGET_VERIFY replay update, {result['gpu']}, sglang {result['sglang']}, torch "
+        f"{result['torch']}: context_len {case.context_len}, D {case.num_draft_tokens}, page "
+        f"{case.page_size}, bs {bs}, {args.iters} interleaved updates each, {args.rotate} rotated inputs"
+    )
+    print(
+        f"{'variant':<9} {'width':>8} {'page_table bytes':>17} {'launches':>8} "
+        f"{'GPU us p50 [p5, p95]':>26} {'host us p50 [p5, p95]':>26}"
+    )
     for name in sessions:
         r = result[name]
         g, h = r["gpu_us"], r["host_us"]
-        print(f"{name:<9} {r['page_table_width']:>8} {r['page_table_bytes']:>17} "
-              f"{r['kernel_launches_per_update']:>8} "
-              f"{g['median']:>9.2f} [{g['p5']:.2f}, {g['p95']:.2f}]"
-              f"{h['median']:>12.1f} [{h['p5']:.1f}, {h['p95']:.1f}]")
+        print(
+            f"{name:<9} {r['page_table_width']:>8} {r['page_table_bytes']:>17} "
+            f"{r['kernel_launches_per_update']:>8} "
+            f"{g['median']:>9.2f} [{g['p5']:.2f}, {g['p95']:.2f}]"
+            f"{h['median']:>12.1f} [{h['p5']:.1f}, {h['p95']:.1f}]"
+        )
     rg, rh = result["ratio_fixed_over_pristine_gpu"], result["ratio_fixed_over_pristine_host"]
-    print(f"fixed/pristine per interleaved pair: GPU {rg['median']:.4f} [{rg['p5']:.4f}, "
-          f"{rg['p95']:.4f}], host {rh['median']:.4f} [{rh['p5']:.4f}, {rh['p95']:.4f}]; "
-          f"page_table +{result['page_table_bytes_difference']} bytes")
+    print(
+        f"fixed/pristine per interleaved pair: GPU {rg['median']:.4f} [{rg['p5']:.4f}, "
+        f"{rg['p95']:.4f}], host {rh['median']:.4f} [{rh['p5']:.4f}, {rh['p95']:.4f}]; "
+        f"page_table +{result['page_table_bytes_difference']} bytes"
+    )
     if args.json:
         with open(args.json, "a") as handle:
             handle.write(json.dumps(result) + "\n")

@@ -1,18 +1,20 @@
-"""Release matrix: the patch tool, the CPU regression tier and the plugin on real sglang releases.
+"""Release matrix: the patch tool, the CPU regression tiers and the plugin on real sglang releases.
 
 Each release is installed from PyPI without dependencies into ``.matrix/sglang-<version>/`` (an
 overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), then:
 
-- patch tool, every release: on a temporary copy of the release's own backend file, ``check``
-  gives the expected verdict; where affected, ``apply`` → ``check`` 0 → second ``apply`` changes
-  nothing → ``revert`` restores the sha256 → ``diff`` passes ``git apply --check``; where fixed
-  upstream, ``apply`` changes nothing;
-- CPU regression tier (test/srt/test_dsa_cuda_graph.py) where the release imports on CPU;
-- plugin in spawned processes (test/test_plugin.py) where the release has the plugin API, and
-  ``plugin.decide()`` says "not needed (fixed upstream)" on fixed releases.
+- patch tool, every release: on a temporary copy of the release's own files, ``check`` gives the
+  expected verdict per bug; where a bug is affected, ``diff`` passes ``git apply --check``,
+  ``apply`` fixes it, a second ``apply`` changes nothing, ``revert`` restores every sha256;
+- bug #1 CPU tier (test/srt/test_dsa_cuda_graph.py) where the release imports on CPU and is
+  affected;
+- bug #2 CPU tier (test/srt/test_row_overflow.py) where the release has the sizing function and
+  its Req / prepare layout is one the driver knows (0.5.13 - 0.5.16);
+- plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
+  and what ``plugin.decide()`` says on the others.
 
 Prints one row per release saying what ran, what was skipped and why; exits 1 on any failure.
-    python scripts/release_matrix.py [--only 0.5.12,0.5.13]
+    python scripts/release_matrix.py [--only 0.5.13,0.5.15] [--full]
 """
 
 from __future__ import annotations
@@ -29,33 +31,55 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_dsa_fix import backends, plugin, source_patch
+from sglang_dsa_fix import tree as trees
+from sglang_dsa_fix.verdicts import Bug
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "python"))
-
-from sglang_dsa_fix import source_patch  # noqa: E402
-
-NO_CPU_IMPORT = ("the release imports sgl_kernel at module import and the PyPI sgl-kernel wheel is a "
-                 "CUDA build of several hundred MB (not tried in the CPU environment)")
+NO_CPU_IMPORT = (
+    "the release imports sgl_kernel at module import and the PyPI sgl-kernel wheel is a "
+    "CUDA build of several hundred MB (not tried in the CPU environment)"
+)
+ROW_DRIVER_LAYOUT = (
+    "0.5.17+ moved kv_committed_len into Req.kv and the prepare's flags into runtime-context "
+    "bags; the CPU driver (proof/row_overflow.py) covers the 0.5.13 - 0.5.16 layouts"
+)
+AFFECTED, FIXED_UPSTREAM, NOT_APPLICABLE, NOT_COVERED = (
+    "affected",
+    "fixed upstream",
+    "not applicable",
+    "not covered by this tool",
+)
 
 
 @dataclass
 class Release:
     version: str
-    verdict: str  # expected check verdict
-    cpu_tier: str | None = None  # None: run it; else the reason it cannot run on CPU
+    page_table: str  # expected check verdict, bug #1
+    row: str  # expected check verdict, bug #2
+    cpu_tier: str | None = None  # None: run bug #1's tier; else why not
+    row_tier: str | None = None  # None: run bug #2's tier; else why not
     plugin: bool = False  # plugin API present (0.5.11+)
 
 
 RELEASES = [
-    Release("0.5.4", "affected", cpu_tier=NO_CPU_IMPORT),
-    Release("0.5.9", "affected", cpu_tier=NO_CPU_IMPORT),
-    Release("0.5.10", "affected", cpu_tier=NO_CPU_IMPORT),
-    Release("0.5.11", "affected", plugin=True),
-    Release("0.5.12", "affected", plugin=True),
-    Release("0.5.13", "affected", plugin=True),
-    Release("0.5.14", "affected", plugin=True),  # the project's base environment
-    Release("0.5.15", "fixed upstream", cpu_tier="fixed upstream: nothing to reproduce", plugin=True),
-    Release("0.5.23", "fixed upstream", cpu_tier="fixed upstream: nothing to reproduce", plugin=True),
+    Release("0.5.4", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier="row sized inline"),
+    Release("0.5.9", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier="row sized inline"),
+    Release("0.5.10", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier="row sized inline"),
+    Release("0.5.11", AFFECTED, NOT_COVERED, row_tier="row sized inline", plugin=True),
+    Release("0.5.12", AFFECTED, NOT_COVERED, row_tier="row sized inline", plugin=True),
+    Release("0.5.13", AFFECTED, AFFECTED, plugin=True),
+    Release("0.5.14", AFFECTED, AFFECTED, plugin=True),  # the project's base environment
+    Release("0.5.15", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
+    Release("0.5.16", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
+    Release(
+        "0.5.23",
+        FIXED_UPSTREAM,
+        AFFECTED,
+        cpu_tier="bug #1 fixed upstream",
+        row_tier=ROW_DRIVER_LAYOUT,
+        plugin=True,
+    ),
 ]
 BASE_VERSION = "0.5.14"
 
@@ -67,8 +91,9 @@ class Row:
 
     def add(self, name, ok, detail=""):
         self.checks.append((name, ok, detail))
-        print(f"  [{'ok' if ok else 'FAIL'}] {self.version} {name}{': ' + detail if detail else ''}",
-              flush=True)
+        print(
+            f"  [{'ok' if ok else 'FAIL'}] {self.version} {name}{': ' + detail if detail else ''}", flush=True
+        )
 
 
 def overlay(version: str) -> Path | None:
@@ -79,17 +104,32 @@ def overlay(version: str) -> Path | None:
     stamp = target / ".complete"
     if not stamp.exists():
         shutil.rmtree(target, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "--no-deps", "--no-compile", "--target", str(target), f"sglang=={version}"],
-                       check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--no-compile",
+                "--target",
+                str(target),
+                f"sglang=={version}",
+            ],
+            check=True,
+        )
         stamp.touch()
     return target
 
 
-def env_for(site: Path | None) -> dict:
+def env_for(site: Path | None, full: bool = False) -> dict:
     env = dict(os.environ)
     paths = [str(site)] if site else []
-    env["PYTHONPATH"] = os.pathsep.join(paths + [str(REPO / "python")])
+    env["PYTHONPATH"] = os.pathsep.join(paths + [str(REPO / "python"), str(REPO / "test")])
+    if full:
+        env["SGLANG_DSA_FIX_FULL"] = "1"
     return env
 
 
@@ -97,70 +137,90 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def check_patch_tool(row: Row, release: Release, tree: source_patch.SglangTree) -> None:
-    """On a temporary checkout-layout copy of the release's backend file and version files."""
+def check_patch_tool(row: Row, release: Release, tree) -> None:
+    """On a temporary checkout-layout copy of the release's own files."""
     with tempfile.TemporaryDirectory() as tmp:
-        src = tree.package_parent / "sglang"
-        for rel in ("_version.py", "version.py", "srt/layers/attention/dsa_backend.py",
-                    "srt/layers/attention/nsa_backend.py"):
-            if (src / rel).exists():
+        for rel in backends.FILES_READ:
+            if (tree.package / rel).exists():
                 (Path(tmp) / "python/sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src / rel, Path(tmp) / "python/sglang" / rel)
-        copy = source_patch.find_tree(tmp)
-        status = source_patch.inspect(copy)
-        where = f"{status.site.path.name}:{status.site.lineno} `{status.site.expression}`" if status.site else ""
-        row.add("check verdict", status.verdict.value == release.verdict,
-                f"{status.verdict.value} ({where})")
-        path = status.site.path
-        before = sha(path)
-        if release.verdict == "fixed upstream":
+                shutil.copyfile(tree.package / rel, Path(tmp) / "python/sglang" / rel)
+        copy = trees.find_tree(tmp)
+        states = {s.bug: s for s in source_patch.check(copy)}
+        for bug, expected in ((Bug.PAGE_TABLE, release.page_table), (Bug.ROW_OVERFLOW, release.row)):
+            state = states[bug]
+            where = (
+                f" ({state.site.path.name}:{state.site.lineno} `{state.site.found}`)" if state.site else ""
+            )
+            row.add(f"check {bug.value}", state.verdict.value == expected, f"{state.verdict.value}{where}")
+        files = [s.site.path for s in states.values() if s.site is not None]
+        before = {p: sha(p) for p in files}
+        if not any(s.verdict.value == AFFECTED for s in states.values()):
             source_patch.apply(copy)
-            row.add("apply changes nothing", sha(path) == before)
+            row.add("apply changes nothing", {p: sha(p) for p in files} == before)
             return
-        diff = source_patch.upstream_diff(copy)
-        (Path(tmp) / "fix.patch").write_text(diff)
-        git = subprocess.run(["git", "apply", "--check", "fix.patch"], cwd=tmp,
-                             capture_output=True, text=True)
+        (Path(tmp) / "fix.patch").write_bytes(source_patch.upstream_diff(copy))
+        git = subprocess.run(
+            ["git", "apply", "--check", "fix.patch"], cwd=tmp, capture_output=True, text=True
+        )
         row.add("diff: git apply --check", git.returncode == 0, git.stderr.strip())
+        outcome = source_patch.apply(copy)
+        fixed = bool(outcome.changed) and all(s.verdict.value != AFFECTED for s in outcome.states)
+        row.add("apply fixes every affected bug", fixed, ", ".join(p.name for p in outcome.changed))
+        once = {p: sha(p) for p in files}
         source_patch.apply(copy)
-        fixed = source_patch.inspect(copy).verdict is source_patch.Verdict.FIXED_IN_TREE
-        once = sha(path)
-        source_patch.apply(copy)
-        row.add("apply; check fixed; apply again idempotent", fixed and sha(path) == once)
+        row.add("apply again changes nothing", {p: sha(p) for p in files} == once)
         source_patch.revert(copy)
-        row.add("revert restores sha256", sha(path) == before)
+        row.add("revert restores every sha256", {p: sha(p) for p in files} == before)
 
 
-def run_pytest(row: Row, name: str, site: Path | None, target: str) -> None:
+def run_pytest(row: Row, name: str, site: Path | None, target: str, full: bool) -> None:
     began = time.time()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:warnings", target], cwd=REPO, env=env_for(site),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings", target],
+        cwd=REPO,
+        env=env_for(site, full),
+        capture_output=True,
+        text=True,
+    )
     last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
     row.add(name, proc.returncode == 0, f"{last} [{time.time() - began:.0f}s]")
     if proc.returncode != 0:
         print(proc.stdout[-4000:], proc.stderr[-2000:], sep="\n")
 
 
-def check_fixed_upstream_reports(row: Row, site: Path | None) -> None:
-    """What the plugin and ``status --json`` say about the release (found, not imported)."""
-    code = "from sglang_dsa_fix import plugin; print(plugin.decide()[0])"
-    proc = subprocess.run([sys.executable, "-c", code], env=env_for(site),
-                          capture_output=True, text=True)
-    said = proc.stdout.strip()
-    row.add("plugin decides", said == "not needed (fixed upstream)", said or proc.stderr[-300:])
-    proc = subprocess.run([sys.executable, "-m", "sglang_dsa_fix.cli", "status", "--json"],
-                          env=env_for(site), capture_output=True, text=True)
+def check_plugin_decisions(row: Row, release: Release, site: Path | None) -> None:
+    """What the plugin would do on this release (found, not imported), and status --json."""
+    code = (
+        "import json; from sglang_dsa_fix import plugin; "
+        "print(json.dumps({b.value: s for b, s, _, _ in plugin.decide()}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env_for(site), capture_output=True, text=True)
     try:
-        verdict = json.loads(proc.stdout)["verdict"]
+        said = json.loads(proc.stdout)
+    except ValueError:
+        said = {"error": proc.stderr[-300:]}
+    expected = {
+        bug.value: plugin.PLAN_STATE.get(verdict, "hooked")
+        for bug, verdict in ((Bug.PAGE_TABLE, release.page_table), (Bug.ROW_OVERFLOW, release.row))
+    }
+    row.add("plugin decides", said == expected, json.dumps(said))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_dsa_fix", "status", "--json"],
+        env=env_for(site),
+        capture_output=True,
+        text=True,
+    )
+    try:
+        verdicts = [b["verdict"] for b in json.loads(proc.stdout)["bugs"]]
     except (ValueError, KeyError):
-        verdict = proc.stderr[-300:]
-    row.add("status --json verdict", verdict == "fixed upstream", verdict)
+        verdicts = [proc.stderr[-300:]]
+    row.add("status --json verdicts", verdicts == [release.page_table, release.row], str(verdicts))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="sglang release matrix")
     parser.add_argument("--only", help="comma list of versions")
+    parser.add_argument("--full", action="store_true", help="the full sweeps in every tier")
     args = parser.parse_args(argv)
     wanted = set(args.only.split(",")) if args.only else None
     rows = []
@@ -171,35 +231,45 @@ def main(argv=None) -> int:
         row = Row(release.version)
         rows.append(row)
         site = overlay(release.version)
-        tree = source_patch.find_tree(str(site) if site else None)
+        tree = trees.find_tree(str(site) if site else None)
         row.add("installed version", tree.version == release.version, str(tree.version))
         check_patch_tool(row, release, tree)
-        if release.cpu_tier is None and release.version != BASE_VERSION:
-            run_pytest(row, "CPU regression tier", site, "test/srt/test_dsa_cuda_graph.py")
-        elif release.version == BASE_VERSION:
-            row.add("CPU regression tier", True, "run by the main test suite (base environment)")
-        else:
-            row.add("CPU regression tier", True, f"skipped: {release.cpu_tier}")
-        if release.version == BASE_VERSION:
+        base = release.version == BASE_VERSION
+        for name, reason, target in (
+            ("bug #1 CPU tier", release.cpu_tier, "test/srt/test_dsa_cuda_graph.py"),
+            ("bug #2 CPU tier", release.row_tier, "test/srt/test_row_overflow.py"),
+        ):
+            if base:
+                row.add(name, True, "run by the main test suite (base environment)")
+            elif reason is None:
+                run_pytest(row, name, site, target, args.full)
+            else:
+                row.add(name, True, f"skipped: {reason}")
+        if base:
             row.add("plugin in spawned processes", True, "run by the main test suite (base environment)")
-        elif release.verdict == "fixed upstream":
-            check_fixed_upstream_reports(row, site)
-        elif release.plugin and release.version != BASE_VERSION:
-            run_pytest(row, "plugin in spawned processes", site, "test/test_plugin.py")
-        elif not release.plugin:
+        elif release.plugin:
+            check_plugin_decisions(row, release, site)
+            if release.page_table == AFFECTED:
+                run_pytest(row, "plugin in spawned processes", site, "test/test_plugin.py", args.full)
+        else:
             row.add("plugin", True, "skipped: no plugin API before 0.5.11 (use apply)")
 
     print("\n| sglang | checks run | result | skipped (why) |\n|---|---|---|---|")
     passed = failed = 0
     for row in rows:
         ran = [name for name, _, detail in row.checks if not detail.startswith("skipped")]
-        skipped = [f"{name}: {detail[len('skipped: '):]}" for name, _, detail in row.checks
-                   if detail.startswith("skipped")]
+        skipped = [
+            f"{name}: {detail[len('skipped: ') :]}"
+            for name, _, detail in row.checks
+            if detail.startswith("skipped")
+        ]
         bad = [name for name, ok, _ in row.checks if not ok]
         passed += sum(ok for _, ok, detail in row.checks if not detail.startswith("skipped"))
         failed += len(bad)
-        print(f"| {row.version} | {'; '.join(ran)} | {'FAIL: ' + ', '.join(bad) if bad else 'ok'} "
-              f"| {'; '.join(skipped) or '-'} |")
+        print(
+            f"| {row.version} | {'; '.join(ran)} | {'FAIL: ' + ', '.join(bad) if bad else 'ok'} "
+            f"| {'; '.join(skipped) or '-'} |"
+        )
     print(f"release matrix: {passed} passed, {failed} failed")
     return 1 if failed else 0
 

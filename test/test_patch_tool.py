@@ -1,132 +1,161 @@
-"""The in-tree patch tool and its CLI on the real sglang backend file of the installed release.
+"""The in-tree patch tool and its CLI on the real sglang files of the installed release.
 
-Every bad input must give a clear message, exit 2 and leave every file byte-identical.
+Both bugs: the backend file (bug #1) and the row sizing file (bug #2). Every bad input must give
+one line on stderr, exit 2 and leave every file byte-identical (owner and mode too).
 """
 
-import contextlib
 import hashlib
-import io
+import json
 import os
+import py_compile
 import shutil
-import stat
 import subprocess
 import sys
-import tempfile
 import unittest
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from helpers import INSTALLED, PAGE_TABLE_SITE, PatchToolTestCase, run_cli, snapshot
 
-from sglang_dsa_fix import cli, source_patch  # noqa: E402
-
-INSTALLED = source_patch.find_tree(None)
-SITE = source_patch.locate(INSTALLED)
-# Files a backend-file check needs: the version files and the attention backends.
-COPIED = ["_version.py", "version.py", "srt/layers/attention/dsa_backend.py",
-          "srt/layers/attention/nsa_backend.py", "srt/plugins/hook_registry.py"]
+from sglang_dsa_fix import source_patch
 
 
-def run_cli(*argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(list(argv))
-    return rc, out.getvalue(), err.getvalue()
-
-
-def snapshot(root: Path) -> dict:
-    return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
-class PatchToolTestCase(unittest.TestCase):
-    layout = "checkout"  # or "site-packages"
-
-    def setUp(self):
-        self.tmp = Path(tempfile.mkdtemp(prefix="dsa-fix-test-"))
-        self.addCleanup(self._cleanup)
-        parent = self.tmp / "python" if self.layout == "checkout" else self.tmp
-        for rel in COPIED:
-            src = INSTALLED.package_parent / "sglang" / rel
-            if src.exists():
-                dst = parent / "sglang" / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, dst)
-        self.backend = parent / "sglang" / SITE.path.relative_to(INSTALLED.package_parent / "sglang")
-        self.original = self.backend.read_bytes()
-
-    def _cleanup(self):
-        for path in [self.tmp, *self.tmp.rglob("*")]:
-            if path.is_dir():
-                path.chmod(0o755)
-        shutil.rmtree(self.tmp)
-
-    def cli(self, command, *extra):
-        return run_cli(command, "--sglang-root", str(self.tmp), *extra)
-
-    def assertRefused(self, command, message_part, root=None):
-        before = snapshot(self.tmp)
-        argv = [command, "--sglang-root", str(root or self.tmp)]
-        rc, out, err = run_cli(*argv)
-        self.assertEqual(rc, 2, (out, err))
-        self.assertIn(message_part, err)
-        self.assertEqual(out, "")
-        self.assertEqual(snapshot(self.tmp), before, f"{command} changed files")
-
-    def edit(self, old: bytes, new: bytes, count=1):
-        data = self.backend.read_bytes()
-        self.assertIn(old, data)
-        self.backend.write_bytes(data.replace(old, new, count))
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 class TestLifecycle(PatchToolTestCase):
     def test_check_apply_check_apply_revert(self):
         rc, out, _ = self.cli("check")
         self.assertEqual(rc, 1, out)
-        self.assertTrue(out.startswith("affected: "), out)
-        self.assertIn(f"{self.backend}:{SITE.lineno}", out)
+        lines = out.splitlines()
+        self.assertTrue(lines[0].startswith("bug #1 CUDA-graph page_table width (crash): affected"), out)
+        self.assertIn(f"{self.backend}:{PAGE_TABLE_SITE.lineno}", lines[0])
+        self.assertTrue(lines[1].startswith("bug #2 req_to_token row overflow (silent corruption): affected"))
 
         rc, out, _ = self.cli("apply")
         self.assertEqual(rc, 0, out)
-        self.assertTrue(out.startswith("applied: "), out)
-        patched = self.backend.read_bytes()
-        self.assertNotEqual(patched, self.original)
-        self.assertIn(b"self.req_to_token.shape[1],", patched)
-        compile(patched, str(self.backend), "exec")
+        self.assertIn(f"applied: {self.backend}", out)
+        self.assertIn(f"applied: {self.sizing}", out)
+        for path in (self.backend, self.sizing):
+            compile(path.read_bytes(), str(path), "exec")
+        self.assertIn(b"self.req_to_token.shape[1],", self.backend.read_bytes())
 
         rc, out, _ = self.cli("check")
         self.assertEqual(rc, 0, out)
-        self.assertTrue(out.startswith("fixed in-tree by sglang-dsa-fix: "), out)
+        self.assertEqual(out.count(": fixed in-tree by sglang-dsa-fix"), 2, out)
 
         before = snapshot(self.tmp)
         rc, out, _ = self.cli("apply")
         self.assertEqual(rc, 0, out)
-        self.assertTrue(out.startswith("nothing to do: "), out)
+        self.assertTrue(out.startswith("nothing to apply"), out)
         self.assertEqual(snapshot(self.tmp), before)
 
         rc, out, _ = self.cli("revert")
         self.assertEqual(rc, 0, out)
-        self.assertEqual(hashlib.sha256(self.backend.read_bytes()).digest(),
-                         hashlib.sha256(self.original).digest())
+        self.assertEqual(sha(self.backend.read_bytes()), sha(self.original))
+        self.assertEqual(sha(self.sizing.read_bytes()), sha(self.original_sizing))
         self.assertFalse(source_patch.backup_path(self.backend).exists())
+        self.assertFalse(source_patch.backup_path(self.sizing).exists())
         self.assertEqual(self.cli("check")[0], 1)
 
         rc, out, _ = self.cli("revert")
         self.assertEqual(rc, 0, out)
-        self.assertTrue(out.startswith("nothing to revert: "), out)
+        self.assertTrue(out.startswith("nothing to revert"), out)
 
-    def test_only_the_width_argument_changes(self):
+    def test_only_the_sites_change(self):
         self.cli("apply")
         removed = set(self.original.splitlines()) - set(self.backend.read_bytes().splitlines())
         self.assertEqual(len(removed), 1)
-        self.assertIn(SITE.expression.encode(), removed.pop())
+        self.assertIn(PAGE_TABLE_SITE.found.encode(), removed.pop())
+        # bug #2: lines are only added, right before the function's final return.
+        before, after = self.original_sizing.splitlines(), self.sizing.read_bytes().splitlines()
+        self.assertEqual(len(after) - len(before), 3)
+        self.assertTrue(set(before) <= set(after))
+        added = [line for line in after if line not in before]
+        self.assertIn(b"extra = max(extra, get_alloc_reserve_per_decode(", added[-1])
 
-    def test_file_mode_is_kept(self):
+    def test_json_on_success(self):
+        rc, out, _ = self.cli("apply", "--json")
+        data = json.loads(out)
+        self.assertEqual((rc, data["action"]), (0, "apply"))
+        self.assertEqual(sorted(data["changed"]), sorted([str(self.backend), str(self.sizing)]))
+        self.assertEqual({b["verdict"] for b in data["bugs"]}, {"fixed in-tree by sglang-dsa-fix"})
+        rc, out, _ = self.cli("check", "--json")
+        self.assertEqual((rc, json.loads(out)["exit_code"]), (0, 0))
+
+
+class TestMetadataKept(PatchToolTestCase):
+    def test_mode_kept(self):
         self.backend.chmod(0o640)
         self.cli("apply")
-        self.assertEqual(stat.S_IMODE(self.backend.stat().st_mode), 0o640)
+        self.assertEqual(self.backend.stat().st_mode & 0o777, 0o640)
+        self.cli("revert")
+        self.assertEqual(self.backend.stat().st_mode & 0o777, 0o640)
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to give the file to another user")
+    def test_owner_and_group_kept(self):
+        os.chown(self.backend, 4242, 4343)
+        self.backend.chmod(0o600)
+        self.cli("apply")
+        st = self.backend.stat()
+        self.assertEqual((st.st_uid, st.st_gid, st.st_mode & 0o777), (4242, 4343, 0o600))
+        self.assertEqual(source_patch.backup_path(self.backend).stat().st_uid, 4242)
+        self.cli("revert")
+        self.assertEqual(self.backend.stat().st_uid, 4242)
+
+    def test_user_xattrs_kept(self):
+        try:
+            os.setxattr(self.backend, "user.origin", b"image-layer-3")
+        except OSError:
+            self.skipTest("this filesystem has no user xattrs")
+        self.cli("apply")
+        self.assertEqual(os.getxattr(self.backend, "user.origin"), b"image-layer-3")
+        self.cli("revert")
+        self.assertEqual(os.getxattr(self.backend, "user.origin"), b"image-layer-3")
+
+    def test_symlinked_file_is_written_through(self):
+        target = self.tmp / "elsewhere" / "dsa_backend.py"
+        target.parent.mkdir()
+        shutil.move(self.backend, target)
+        self.backend.symlink_to(target)
+        self.assertEqual(self.cli("apply")[0], 0)
+        self.assertTrue(self.backend.is_symlink())
+        self.assertIn(b"self.req_to_token.shape[1],", target.read_bytes())
+        self.assertEqual(self.cli("check")[0], 0)
+        self.assertEqual(self.cli("revert")[0], 0)
+        self.assertTrue(self.backend.is_symlink())
+        self.assertEqual(target.read_bytes(), self.original)
+
+
+class TestBytecode(PatchToolTestCase):
+    def compile_unchecked(self, path: Path):
+        pyc = path.parent / "__pycache__" / f"{path.stem}.{sys.implementation.cache_tag}.pyc"
+        py_compile.compile(
+            str(path), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+        )
+        return pyc
+
+    def test_apply_removes_bytecode_and_check_notices_stale_bytecode(self):
+        pyc = self.compile_unchecked(self.backend)
+        self.cli("apply")
+        self.assertFalse(pyc.exists(), "apply left bytecode Python would load instead of the fix")
+        # Bytecode compiled from the pristine file and left beside the patched one:
+        backup = source_patch.backup_path(self.backend)
+        patched = self.backend.read_bytes()
+        self.backend.write_bytes(backup.read_bytes())
+        self.compile_unchecked(self.backend)
+        self.backend.write_bytes(patched)
+        rc, out, _ = self.cli("check")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("fixed in source, but Python loads stale bytecode", out)
+        self.assertEqual(self.cli("apply")[0], 0)  # apply cleans it up
+        self.assertEqual(self.cli("check")[0], 0)
+
+    def test_revert_removes_bytecode(self):
+        self.cli("apply")
+        pyc = self.compile_unchecked(self.sizing)
+        self.cli("revert")
+        self.assertFalse(pyc.exists())
 
 
 @unittest.skipUnless(shutil.which("git"), "needs git")
@@ -137,17 +166,25 @@ class TestUpstreamDiff(PatchToolTestCase):
     def test_diff_applies_with_git_and_equals_apply(self):
         rc, diff, _ = self.cli("diff")
         self.assertEqual(rc, 0)
-        rel = self.backend.relative_to(self.tmp).as_posix()
-        self.assertTrue(rel.startswith("python/sglang/srt/layers/attention/"), rel)
-        self.assertIn(f"--- a/{rel}\n+++ b/{rel}\n", diff)
+        for path in (self.backend, self.sizing):
+            rel = path.relative_to(self.tmp).as_posix()
+            self.assertIn(f"--- a/{rel}\n+++ b/{rel}\n", diff)
         (self.tmp / "fix.patch").write_text(diff)
-        check = self.git("apply", "--check", "fix.patch")
-        self.assertEqual(check.returncode, 0, check.stderr)
+        self.assertEqual(self.git("apply", "--check", "fix.patch").returncode, 0)
         self.assertEqual(self.git("apply", "fix.patch").returncode, 0)
-        via_git = self.backend.read_bytes()
+        via_git = (self.backend.read_bytes(), self.sizing.read_bytes())
+        # The README's checkout path: the tree git apply leaves is "fixed in-tree" (no backup).
+        rc, out, _ = self.cli("check")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("no backup", out)
+        rc, out, err = self.cli("status")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.cli("diff")[1], "")
+        self.assertRefused("revert", "restore it with `git checkout`")
         self.backend.write_bytes(self.original)
+        self.sizing.write_bytes(self.original_sizing)
         self.cli("apply")
-        self.assertEqual(self.backend.read_bytes(), via_git)
+        self.assertEqual((self.backend.read_bytes(), self.sizing.read_bytes()), via_git)
 
     def test_diff_is_the_same_after_apply(self):
         before = self.cli("diff")[1]
@@ -162,6 +199,7 @@ class TestSitePackagesLayout(PatchToolTestCase):
         self.assertEqual(self.cli("check")[0], 1)
         diff = self.cli("diff")[1]
         self.assertIn("--- a/python/sglang/srt/layers/attention/", diff)
+        self.assertIn("--- a/python/sglang/srt/mem_cache/", diff)
         self.assertEqual(self.cli("apply")[0], 0)
         self.assertEqual(self.cli("check")[0], 0)
         self.assertEqual(self.cli("revert")[0], 0)
@@ -169,94 +207,217 @@ class TestSitePackagesLayout(PatchToolTestCase):
 
 
 class TestBadInput(PatchToolTestCase):
+    commands = ("check", "apply", "revert", "diff", "status")
+
     def test_wrong_paths(self):
-        for command in ("check", "apply", "revert", "diff"):
+        for command in self.commands:
             with self.subTest(command=command):
-                self.assertRefused(command, "no such directory", root=self.tmp / "missing")
-                self.assertRefused(command, "not an sglang tree", root=self.backend.parent)
+                self.assertRefused(command, "no such directory", self.tmp / "missing")
+                self.assertRefused(command, "not an sglang tree", self.backend.parent)
+
+    def test_json_error_on_every_command(self):
+        for command in self.commands:
+            with self.subTest(command=command):
+                rc, out, err = run_cli(command, "--sglang-root", str(self.tmp / "missing"), "--json")
+                self.assertEqual(rc, 2)
+                self.assertIn("no such directory", json.loads(out)["error"])
+                self.assertEqual(len(err.strip().splitlines()), 1)
 
     def test_allocation_not_found(self):
-        self.edit(b'"page_table": torch.zeros(', b'"page_table": torch.empty(')
-        for command in ("check", "apply", "revert", "diff"):
+        self.edit(self.backend, b'"page_table": torch.zeros(', b'"page_table": torch.empty(')
+        for command in self.commands:
             with self.subTest(command=command):
                 self.assertRefused(command, "not recognised")
 
     def test_allocation_found_twice(self):
-        self.edit(b'"cu_seqlens_k": torch.zeros(\n                max_bs + 1,',
-                  b'"page_table": torch.zeros(\n                max_bs + 1, 7,')
+        self.edit(
+            self.backend,
+            b'"cu_seqlens_k": torch.zeros(\n                max_bs + 1,',
+            b'"page_table": torch.zeros(\n                max_bs + 1, 7,',
+        )
         for command in ("check", "apply"):
             with self.subTest(command=command):
                 self.assertRefused(command, "found 2")
 
+    def test_row_sizing_not_recognised(self):
+        self.edit(
+            self.sizing,
+            b"    return extra\n\n\ndef alloc_token_slots",
+            b"    return extra + 0\n\n\ndef alloc_token_slots",
+        )
+        for command in ("check", "apply", "diff"):
+            with self.subTest(command=command):
+                self.assertRefused(command, "not recognised: expected get_req_to_token_extra_context_len")
+
     def test_file_that_does_not_parse(self):
-        self.edit(b"def init_cuda_graph_state(self", b"def init_cuda_graph_state(self,,")
+        self.edit(self.backend, b"def init_cuda_graph_state(self", b"def init_cuda_graph_state(self,,")
         for command in ("check", "apply", "diff"):
             with self.subTest(command=command):
                 self.assertRefused(command, "does not parse")
 
+    def test_empty_or_truncated_backend_file(self):
+        for content in (b"", self.original[: len(self.original) // 3]):
+            self.backend.write_bytes(content)
+            for command in ("check", "apply", "status"):
+                with self.subTest(command=command, size=len(content)):
+                    self.assertRefused(command, "not recognised")
+
+    def test_latin1_file(self):
+        self.backend.write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + self.original)
+        rc, out, err = self.cli("diff")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("+++ b/python/sglang/srt/layers/attention/", out)
+        self.assertEqual(self.cli("apply")[0], 0)
+        self.assertEqual(self.cli("revert")[0], 0)
+        self.assertTrue(self.backend.read_bytes().startswith(b"# -*- coding: latin-1 -*-\n# caf\xe9\n"))
+
     def test_hand_edited_after_apply(self):
         self.cli("apply")
-        self.edit(b"\n", b"\n# local tweak\n")
+        self.edit(self.backend, b"\n", b"\n# local tweak\n")
         for command in ("check", "apply", "revert", "diff"):
             with self.subTest(command=command):
                 self.assertRefused(command, "changed since sglang-dsa-fix applied it")
 
     def test_fix_undone_by_hand_after_apply(self):
         self.cli("apply")
-        self.edit(b"self.req_to_token.shape[1],", SITE.expression.encode() + b",")
+        self.edit(self.backend, b"self.req_to_token.shape[1],", PAGE_TABLE_SITE.found.encode() + b",")
         self.assertRefused("apply", "changed since sglang-dsa-fix applied it")
         self.assertRefused("revert", "changed since sglang-dsa-fix applied it")
 
     def test_backup_missing(self):
         self.cli("apply")
         source_patch.backup_path(self.backend).unlink()
-        self.assertRefused("revert", "is missing")
+        self.assertRefused("revert", "has no .sglang-dsa-fix.orig backup")
 
     def test_read_only_file(self):
         self.backend.chmod(0o444)
         self.assertRefused("apply", "read-only")
 
     def test_read_only_directory(self):
-        self.backend.parent.chmod(0o555)
-        self.assertRefused("apply", "read-only")
+        self.sizing.parent.chmod(0o555)
+        self.assertRefused("apply", "read-only")  # neither file changes: all or nothing
 
     def test_read_only_after_apply(self):
         self.cli("apply")
         self.backend.parent.chmod(0o555)
         self.assertRefused("revert", "read-only")
 
+    @unittest.skipIf(os.geteuid() == 0, "root reads any file")
+    def test_unreadable_file(self):
+        self.backend.chmod(0o000)
+        for command in ("check", "apply", "diff", "status"):
+            with self.subTest(command=command):
+                self.assertRefused(command, "cannot read")
+
+    def test_disk_full_on_the_second_file_changes_nothing(self):
+        real_write = source_patch._write
+        calls = []
+
+        def failing_write(path, data, metadata):
+            calls.append(path)
+            if len(calls) == 3:  # backup 1, file 1, then the second backup fails
+                raise OSError(28, "No space left on device", str(path))
+            return real_write(path, data, metadata)
+
+        from unittest import mock
+
+        with mock.patch.object(source_patch, "_write", failing_write):
+            self.assertRefused("apply", "No space left on device")
+        self.assertEqual(self.backend.read_bytes(), self.original)
+        self.assertEqual(list(self.tmp.rglob("*.tmp")), [])
+
+    def test_stale_temp_file_from_a_killed_run_is_removed(self):
+        stale = self.backend.parent / f".{self.backend.name}.abc123.tmp"
+        stale.write_bytes(b"half a file")
+        rc, out, _ = self.cli("apply")
+        self.assertEqual(rc, 0)
+        self.assertFalse(stale.exists())
+        self.assertIn(f"removed: {stale}", out)
+
+    def test_argument_errors(self):
+        for argv in (
+            ["check", "--sglang-root", ""],
+            ["status", "--context-length", "-5", "--speculative-num-draft-tokens", "4"],
+            ["status", "--context-length", "512"],
+        ):
+            with self.subTest(argv=argv):
+                rc, out, err = run_cli(*argv)
+                self.assertEqual((rc, out), (2, ""))
+                self.assertIn("error:", err)
+                self.assertNotIn("Traceback", err)
+        rc, out, _ = run_cli("status", "--context-length", "512", "--json")
+        self.assertEqual(rc, 2)
+        self.assertIn("go together", json.loads(out)["error"])
+
+
+class TestConcurrentRuns(PatchToolTestCase):
+    def test_mixed_apply_revert_runs_serialise(self):
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        for _ in range(3):
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "sglang_dsa_fix", cmd, "--sglang-root", str(self.tmp)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                )
+                for cmd in ["apply", "revert"] * 5
+            ]
+            for proc in procs:
+                proc.wait(timeout=120)
+                self.assertEqual(proc.returncode, 0, proc.stderr.read())
+            rc, out, err = self.cli("check")
+            self.assertIn(rc, (0, 1), (out, err))  # a consistent tree, whichever came last
+            self.assertEqual(self.cli("revert")[0], 0)
+            self.assertEqual(self.backend.read_bytes(), self.original)
+
 
 class TestOtherReleases(PatchToolTestCase):
-    def test_no_backend_is_not_applicable(self):
-        for name in ("dsa_backend.py", "nsa_backend.py"):
-            path = self.backend.parent / name
-            if path.exists():
-                path.unlink()
+    def test_no_backend_no_sizing_is_not_applicable(self):
+        for path in [
+            self.backend.parent / "dsa_backend.py",
+            self.backend.parent / "nsa_backend.py",
+            self.sizing,
+            self.package / "srt/speculative/eagle_info_v2.py",
+        ]:
+            path.unlink(missing_ok=True)
         rc, out, _ = self.cli("check")
-        self.assertEqual(rc, 0)
-        self.assertTrue(out.startswith("no DSA/NSA backend: "), out)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.count(": not applicable"), 2, out)
         before = snapshot(self.tmp)
         self.assertEqual(self.cli("apply")[0], 0)
         rc, out, err = self.cli("diff")
         self.assertEqual((rc, out), (0, ""))
         self.assertEqual(snapshot(self.tmp), before)
 
+    def test_inline_row_sizing_is_not_covered(self):
+        # 0.5.11 / 0.5.12: the spec-v2 reservation exists, the sizing function does not.
+        self.sizing.unlink()
+        rc, out, _ = self.cli("check")
+        self.assertEqual(rc, 1, out)  # bug #1 still affected
+        self.cli("apply")
+        rc, out, _ = self.cli("check")
+        self.assertEqual(rc, 2, out)
+        self.assertIn("bug #2 req_to_token row overflow (silent corruption): not covered", out)
+
     def test_fixed_upstream_through_a_local_name(self):
         # The 0.5.15+ shape: ``max_ctx_len = self.req_to_token.shape[1]`` then ``max_ctx_len``.
-        self.edit(b"        self.decode_cuda_graph_metadata: Dict = {",
-                  b"        max_ctx_len = self.req_to_token.shape[1]\n"
-                  b"        self.decode_cuda_graph_metadata: Dict = {")
-        self.edit(SITE.expression.encode() + b",", b"max_ctx_len,")
+        self.edit(
+            self.backend,
+            b"        self.decode_cuda_graph_metadata: Dict = {",
+            b"        max_ctx_len = self.req_to_token.shape[1]\n"
+            b"        self.decode_cuda_graph_metadata: Dict = {",
+        )
+        self.edit(self.backend, PAGE_TABLE_SITE.found.encode() + b",", b"max_ctx_len,")
         rc, out, _ = self.cli("check")
-        self.assertEqual(rc, 0)
-        self.assertTrue(out.startswith("fixed upstream: "), out)
-        before = snapshot(self.tmp)
-        self.assertTrue(self.cli("apply")[1].startswith("nothing to do: fixed upstream"))
-        self.assertEqual(snapshot(self.tmp), before)
+        self.assertIn("bug #1 CUDA-graph page_table width (crash): fixed upstream", out)
+        self.cli("apply")
+        self.assertEqual(self.cli("check")[0], 0)
+        self.assertIn(b"max_ctx_len,", self.backend.read_bytes())
 
     def test_narrower_old_expression_is_affected(self):
         # 0.5.4 - 0.5.9 size it ``self.max_context_len``.
-        self.edit(SITE.expression.encode() + b",", b"self.max_context_len,")
+        self.edit(self.backend, PAGE_TABLE_SITE.found.encode() + b",", b"self.max_context_len,")
         self.assertEqual(self.cli("check")[0], 1)
         self.assertEqual(self.cli("apply")[0], 0)
         self.assertEqual(self.cli("revert")[0], 0)
@@ -264,18 +425,24 @@ class TestOtherReleases(PatchToolTestCase):
 
 class TestConsoleScript(unittest.TestCase):
     def test_installed_sglang_is_checked_by_default(self):
-        proc = subprocess.run([sys.executable, "-m", "sglang_dsa_fix.cli", "check"],
-                              capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])})
-        expected = 1 if source_patch.inspect(INSTALLED).verdict.name == "AFFECTED" else 0
+        proc = subprocess.run(
+            [sys.executable, "-m", "sglang_dsa_fix", "check"], capture_output=True, text=True
+        )
+        states = source_patch.check(INSTALLED)
+        expected = 1 if any(s.verdict.name == "AFFECTED" for s in states) else 0
         self.assertEqual(proc.returncode, expected, proc.stderr)
-        self.assertIn(str(SITE.path), proc.stdout)
+        self.assertIn(str(PAGE_TABLE_SITE.path), proc.stdout)
+
+    def test_version(self):
+        from sglang_dsa_fix import __version__
+
+        rc, out, _ = run_cli("--version")
+        self.assertEqual((rc, out.strip()), (0, f"sglang-dsa-fix {__version__}"))
 
     def test_usage_error(self):
-        with contextlib.redirect_stderr(io.StringIO()):
-            with self.assertRaises(SystemExit) as ctx:
-                cli.main(["frobnicate"])
-        self.assertEqual(ctx.exception.code, 2)
+        rc, out, err = run_cli("frobnicate")
+        self.assertEqual(rc, 2)
+        self.assertIn("invalid choice", err)
 
 
 if __name__ == "__main__":

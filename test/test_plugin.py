@@ -1,27 +1,35 @@
 """The SGLang plugin in real ``spawn`` processes, as sglang starts its schedulers.
 
-Each child calls sglang's own ``load_plugins()`` (which finds this package through its
-installed entry-point metadata), then builds the real backend and runs
-``init_cuda_graph_state``; the parent checks the graph page_table width it reports.
+Each child calls sglang's own ``load_plugins()`` (which finds this package through its installed
+entry-point metadata and applies the hooks through sglang's HookRegistry), then:
+- bug #1: builds the real backend and runs ``init_cuda_graph_state`` + a TARGET_VERIFY replay;
+- bug #2: calls the real ``get_req_to_token_extra_context_len`` through the name the model
+  runner imported (model_runner_kv_cache_mixin), as ``_init_pools`` does;
+- /server_info: calls the hooked ``Scheduler.get_internal_state``.
 """
 
 import logging
 import multiprocessing
 import os
-import sys
 import unittest
+from types import SimpleNamespace
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from helpers import INSTALLED, PAGE_TABLE_SITE, ROW_SITE
 
-from sglang_dsa_fix import plugin, source_patch, status  # noqa: E402
+from sglang_dsa_fix import plugin, status, width
 
-# What the installed release should show for Case(512, D=5, page 64): the hook target, and the
-# pristine width evaluated from the release's own width expression (517 on 0.5.10 - 0.5.14).
-TREE = source_patch.find_tree(None)
-SITE = source_patch.locate(TREE)
-TARGET = f"{SITE.layout.module}.{SITE.layout.class_name}.init_cuda_graph_state"
-POOL_WIDTH = 512 + 4 + 5
-PRISTINE_WIDTH = status._evaluate_width(SITE.expression, 512, 5, POOL_WIDTH)
+POOL_WIDTH = 512 + 4 + 5  # Case(512, D=5): the pristine pool
+PRISTINE_WIDTH = status.evaluate_width(PAGE_TABLE_SITE.found, 512, 5, POOL_WIDTH)
+ROW_ARGS = dict(
+    speculative_algorithm="EAGLE",
+    speculative_num_steps=11,
+    speculative_eagle_topk=1,
+    max_speculative_num_draft_tokens=12,
+    page_size=1,
+)
+# Releases without the sizing function (< 0.5.13): bug #2 not covered, nothing to call.
+ROW_PRISTINE = 4 + 12 if ROW_SITE else None
+ROW_FIXED = 2 * 12 - width.committed_margin(INSTALLED.version) if ROW_SITE else None  # 21 on 0.5.14
 
 
 def _child(env, queue):
@@ -38,17 +46,61 @@ def _child(env, queue):
     try:
         from sglang.srt.plugins import load_plugins
 
-        from sglang_dsa_fix import replay
-        from sglang_dsa_fix.backends import import_backend_class
+        from sglang_dsa_fix.proof import replay
 
         load_plugins()
-        _, cls = import_backend_class()
+        from sglang.srt.model_executor import model_runner_kv_cache_mixin as runner
+
+        _, cls = replay.import_backend_class()
         session = replay.GraphSession(cls, replay.Case(512, 5, 64, 2))
         result = session.replay("TARGET_VERIFY", 2, 514)
-        queue.put((session.buffer_width, session.pool.req_to_token.shape[1],
-                   result.error, result.mismatched_rows, records))
+        sizing = getattr(runner, "get_req_to_token_extra_context_len", None)  # 0.5.13+
+        row_extra = sizing and sizing(SimpleNamespace(**ROW_ARGS))
+        try:
+            internal = _internal_state()
+        except ImportError as exc:  # releases whose scheduler needs sgl_kernel (< 0.5.13 on CPU)
+            internal = f"scheduler not importable on CPU: {exc}"
+        # A backend sglang can initialise but without req_to_token: our hook must not raise.
+        broken = replay.make_backend(cls, replay.Case(512, 5, 64, 2), session.pool)
+        del broken.req_to_token
+        broken_error = None
+        try:
+            broken.init_cuda_graph_state(1, 1)
+        except Exception as exc:
+            broken_error = type(exc).__name__
+        queue.put(
+            dict(
+                buffer=session.buffer_width,
+                pool=session.pool.req_to_token.shape[1],
+                error=result.error,
+                mismatched=result.mismatched_rows,
+                row_extra=row_extra,
+                internal=internal,
+                broken_error=broken_error,
+                records=records,
+                state=plugin.STATE,
+            )
+        )
     except BaseException as exc:  # report, do not hang the parent
-        queue.put(("error", repr(exc), None, None, records))
+        queue.put(dict(crash=repr(exc), records=records))
+
+
+def _internal_state():
+    """The real hooked Scheduler.get_internal_state on an object carrying what it reads."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+    set_global_server_args_for_scheduler(SimpleNamespace(model_config=None))
+    runner = SimpleNamespace(weight_load_mem_usage=1.0, graph_mem_usage=0.5)
+    scheduler = SimpleNamespace(
+        metrics_reporter=SimpleNamespace(last_gen_throughput=0.0),
+        tp_worker=SimpleNamespace(model_runner=runner),
+        token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: SimpleNamespace(mem_usage=2.0)),
+        max_total_num_tokens=16384,
+        max_running_requests=8,
+        spec_algorithm=SimpleNamespace(is_none=lambda: True),
+    )
+    return Scheduler.get_internal_state(scheduler, None).internal_state.get(plugin.STATE_KEY)
 
 
 def run_in_spawned_process(**env):
@@ -57,51 +109,81 @@ def run_in_spawned_process(**env):
     proc = ctx.Process(target=_child, args=(env, queue))
     proc.start()
     try:
-        return queue.get(timeout=300)
+        out = queue.get(timeout=300)
     finally:
         proc.join(timeout=60)
+    assert "crash" not in out, out
+    return out
 
 
-@unittest.skipUnless(status._entry_point_installed(), "sglang-dsa-fix is not installed (pip install -e .)")
-@unittest.skipUnless(status._plugin_state(TREE)["sglang_has_plugin_api"], "sglang < 0.5.11: no plugin API")
+@unittest.skipUnless(status.plugin_installed_here(), "sglang-dsa-fix is not installed (pip install -e .)")
+@unittest.skipUnless(status.plugin_report(INSTALLED, True)["sglang_has_plugin_api"], "no plugin API")
 class TestPluginInSpawnedProcess(unittest.TestCase):
-    def test_plugin_widens_the_buffer(self):
-        buffer, pool, error, mismatched, records = run_in_spawned_process()
-        self.assertEqual(buffer, pool, records)
-        self.assertEqual((error, mismatched), (None, 0))
-        infos = [m for level, m in records if level == "INFO"]
-        self.assertIn(f"sglang-dsa-fix: applied (AFTER hook on {TARGET})", infos)
-        self.assertIn(f"sglang-dsa-fix: CUDA-graph page_table widened from {PRISTINE_WIDTH} to "
-                      f"{POOL_WIDTH} columns (req_to_token)", infos)
+    def test_plugin_fixes_both_bugs_and_reports_it(self):
+        out = run_in_spawned_process()
+        # At D 5 the row keeps sglang's 4 + D (2·5 - 3 < 9); the graph buffer follows the pool.
+        self.assertEqual(out["buffer"], out["pool"], out["records"])
+        self.assertEqual((out["error"], out["mismatched"]), (None, 0))
+        self.assertEqual(out["row_extra"], ROW_FIXED)
+        infos = [m for level, m in out["records"] if level == "INFO"]
+        self.assertIn(
+            f"sglang-dsa-fix: CUDA-graph page_table widened from {PRISTINE_WIDTH} to "
+            f"{POOL_WIDTH} columns (req_to_token)",
+            infos,
+        )
+        if ROW_SITE:
+            self.assertIn(
+                f"sglang-dsa-fix: req_to_token row headroom raised from {ROW_PRISTINE} to "
+                f"{ROW_FIXED} columns past context_len (spec-v2 decode reservation)",
+                infos,
+            )
+        summary = [m for m in infos if m.startswith(f"sglang-dsa-fix {plugin.__version__} (pid")]
+        self.assertTrue(summary, infos)
+        if ROW_SITE:  # 0.5.13+: the scheduler imports on CPU, so /server_info is checked
+            bugs = out["internal"]["bugs"]
+            self.assertTrue(bugs["page_table"]["state"].startswith("applied"), bugs)
+            self.assertEqual(bugs["req_to_token_row"]["extra"], [ROW_PRISTINE, ROW_FIXED])
+        # The broken backend: one warning, no exception into sglang.
+        self.assertIsNone(out["broken_error"])
+        warnings = [m for level, m in out["records"] if level == "WARNING" and "hook failed" in m]
+        self.assertEqual(len(warnings), 1, warnings)
+        self.assertIn("page_table hook failed (AttributeError", warnings[0])
+        self.assertTrue(out["state"]["bugs"]["page_table"]["state"].startswith("failed (AttributeError"))
 
-    def test_kill_switch_keeps_the_pristine_width(self):
-        buffer, pool, error, _, records = run_in_spawned_process(SGLANG_DSA_FIX="0")
-        self.assertEqual((buffer, pool), (PRISTINE_WIDTH, POOL_WIDTH), records)
-        self.assertIn("must match the size of tensor b", error)
-        self.assertIn(("INFO", "sglang-dsa-fix: disabled (SGLANG_DSA_FIX=0)"), records)
+    def test_kill_switch_values(self):
+        for value in ("0", "false", " OFF ", "No"):
+            with self.subTest(value=value):
+                out = run_in_spawned_process(SGLANG_DSA_FIX=value)
+                self.assertEqual((out["buffer"], out["pool"]), (PRISTINE_WIDTH, POOL_WIDTH))
+                self.assertIn("must match the size of tensor b", out["error"])
+                self.assertEqual(out["row_extra"], ROW_PRISTINE)
+                self.assertTrue(out["state"]["bugs"]["page_table"]["state"].startswith("disabled"))
+                self.assertIn(repr(value), out["state"]["kill_switch"])
+        out = run_in_spawned_process(SGLANG_DSA_FIX="yes-please")
+        self.assertEqual(out["buffer"], out["pool"])
 
-    def test_sglang_plugins_allow_list_naming_another_plugin(self):
-        buffer, pool, error, _, records = run_in_spawned_process(SGLANG_PLUGINS="someone_else")
-        self.assertEqual((buffer, pool), (PRISTINE_WIDTH, POOL_WIDTH), records)
-        self.assertIn("must match the size of tensor b", error)
-        self.assertEqual(records, [])  # never loaded
-
-    def test_sglang_plugins_allow_list_naming_this_plugin(self):
-        buffer, pool, _, _, _ = run_in_spawned_process(SGLANG_PLUGINS=plugin.ENTRY_POINT_NAME)
-        self.assertEqual(buffer, pool)
+    def test_sglang_plugins_allow_list(self):
+        out = run_in_spawned_process(SGLANG_PLUGINS="someone_else")
+        self.assertEqual((out["buffer"], out["row_extra"]), (PRISTINE_WIDTH, ROW_PRISTINE))
+        self.assertEqual(out["records"], [])  # never loaded
+        if ROW_SITE:  # (the scheduler imports on CPU): the plugin never loaded, no state
+            self.assertIsNone(out["internal"])
+        out = run_in_spawned_process(SGLANG_PLUGINS=plugin.ENTRY_POINT_NAME)
+        self.assertEqual(out["buffer"], out["pool"])
 
 
 class TestPluginNeverRaises(unittest.TestCase):
     def test_failure_is_one_warning(self):
-        original = plugin.decide
-        plugin.decide = lambda: (_ for _ in ()).throw(RuntimeError("boom"))
-        try:
+        from unittest import mock
+
+        with mock.patch.object(plugin, "decide", side_effect=RuntimeError("boom")):
             with self.assertLogs("sglang_dsa_fix", level="WARNING") as logs:
                 plugin.register()
-        finally:
-            plugin.decide = original
-        self.assertEqual(logs.output, [
-            "WARNING:sglang_dsa_fix:sglang-dsa-fix: unsupported (RuntimeError: boom); sglang untouched"])
+        self.assertEqual(
+            logs.output,
+            ["WARNING:sglang_dsa_fix:sglang-dsa-fix: unsupported (RuntimeError: boom); sglang untouched"],
+        )
+        self.assertTrue(plugin.STATE["bugs"]["page_table"]["state"].startswith("unsupported"))
 
 
 if __name__ == "__main__":

@@ -1,3 +1,3 @@
-"""Fix, test and proof for the DSA CUDA-graph page_table width crash in SGLang 0.5.4 - 0.5.14."""
+"""Fix, test and proof for the DSA/EAGLE req_to_token width bugs in SGLang (crash and row overflow)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

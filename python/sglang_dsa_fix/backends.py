@@ -1,6 +1,6 @@
-"""Where each sglang release keeps its DSA/NSA attention backend.
+"""Where each sglang release keeps the code this project fixes.
 
-Found by layout, not by version string, so patched forks and release candidates work too:
+Bug #1, the DSA/NSA attention backend: found by layout, not by version string, so patched forks and release candidates work too:
 - 0.5.13+: layers/attention/dsa_backend.py, class DeepseekSparseAttnBackend
   (0.5.13 - 0.5.20 also ship nsa_backend.py as a re-export shim: skipped, it has no class body);
 - 0.5.3 - 0.5.12: layers/attention/nsa_backend.py, class NativeSparseAttnBackend.
@@ -8,10 +8,19 @@ Found by layout, not by version string, so patched forks and release candidates 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
-ATTENTION_DIR = ("sglang", "srt", "layers", "attention")
+ATTENTION_DIR = "srt/layers/attention"
+
+# Bug #2: ``get_req_to_token_extra_context_len`` sizes the request pool's row beyond
+# context_len: mem_cache/allocation_sizing.py from 0.5.16 (:46), mem_cache/common.py in
+# 0.5.13 - 0.5.15 (0.5.14 :251). Newest first. 0.5.11 - 0.5.12 size the row inline in
+# model_executor/model_runner_kv_cache_mixin.py (0.5.12 :245-247) with the same spec-v2
+# reservation in speculative/eagle_info_v2.py: there the tool reports bug #2 as not covered.
+ROW_SIZING_FILES = ("srt/mem_cache/allocation_sizing.py", "srt/mem_cache/common.py")
+ROW_SIZING_FUNCTION = "get_req_to_token_extra_context_len"
+RESERVE_FUNCTION = "get_alloc_reserve_per_decode"
+SPEC_V2_DECODE_FILE = "srt/speculative/eagle_info_v2.py"
 
 
 @dataclass(frozen=True)
@@ -21,8 +30,13 @@ class BackendLayout:
     multi_step_class_name: str
 
     @property
-    def filename(self) -> str:
-        return self.module.rsplit(".", 1)[1] + ".py"
+    def relative_path(self) -> str:
+        """Path under ``sglang/``."""
+        return f"{ATTENTION_DIR}/{self.module.rsplit('.', 1)[1]}.py"
+
+    @property
+    def hook_target(self) -> str:
+        return f"{self.module}.{self.class_name}.init_cuda_graph_state"
 
 
 # Newest first: the first layout whose file defines the class wins.
@@ -39,17 +53,13 @@ LAYOUTS = (
     ),
 )
 
-
-def import_backend_class(layout: BackendLayout | None = None):
-    """Import the installed backend class (importing sglang). Returns (layout, class) or (None, None)."""
-    for candidate in (layout,) if layout else LAYOUTS:
-        try:
-            module = importlib.import_module(candidate.module)
-        except ImportError:
-            continue
-        cls = module.__dict__.get(candidate.class_name)
-        # The 0.5.13+ nsa shim re-exports dsa classes under old names: only a class
-        # defined in that very module counts, so the shim never shadows the real one.
-        if isinstance(cls, type) and cls.__module__ == candidate.module:
-            return candidate, cls
-    return None, None
+VERSION_FILES = ("_version.py", "version.py")
+PLUGIN_API_FILE = "srt/plugins/hook_registry.py"
+# Every file under ``sglang/`` the tool reads: enough to copy for a disposable test tree.
+FILES_READ = (
+    *VERSION_FILES,
+    *(layout.relative_path for layout in LAYOUTS),
+    *ROW_SIZING_FILES,
+    SPEC_V2_DECODE_FILE,
+    PLUGIN_API_FILE,
+)

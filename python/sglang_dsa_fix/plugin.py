@@ -2,81 +2,200 @@
 
 ``load_plugins()`` calls ``register()`` in the launch process and first thing in every
 scheduler process (0.5.14 managers/scheduler.py:4181, entrypoints/engine.py:204), where the
-model runner builds its attention backends. ``register`` hooks the backend class's
-``init_cuda_graph_state`` through sglang's own HookRegistry (AFTER hook; the registry applies
-it when the plugins have run). It never raises into sglang.
+model runner sizes its pools and builds its attention backends. ``register`` adds, through
+sglang's own HookRegistry, AFTER hooks for each bug that is affected in this tree:
 
-Kill switch: ``SGLANG_DSA_FIX=0``. ``SGLANG_PLUGINS`` (sglang's own allow-list) applies as for
-any plugin; this one is named ``dsa_page_table_width``.
+- bug #1: ``<Backend>.init_cuda_graph_state`` → widen the graph page_table;
+- bug #2: ``get_req_to_token_extra_context_len`` → widen the req_to_token row;
+- always: ``Scheduler.get_internal_state`` → this plugin's state under ``sglang_dsa_fix`` in
+  ``/server_info`` (``internal_states``), so a live server shows what is running.
+
+It never raises into sglang: a failing hook logs one warning and leaves sglang's own value.
+``load_plugins()`` runs before sglang configures logging, so the state is logged again from
+the first hook call in each scheduler process, where logging is set up.
+
+Kill switch: ``SGLANG_DSA_FIX`` = 0 / false / no / off (any case) disables both fixes.
+``SGLANG_PLUGINS`` (sglang's own allow-list) applies as for any plugin; this one is named
+``dsa_page_table_width``.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import pkgutil
+
+from sglang_dsa_fix import __version__, width
+from sglang_dsa_fix.verdicts import Bug, Verdict
 
 logger = logging.getLogger("sglang_dsa_fix")
 
 ENTRY_POINT_NAME = "dsa_page_table_width"
 KILL_SWITCH = "SGLANG_DSA_FIX"
+KILL_VALUES = ("0", "false", "no", "off")
+INTERNAL_STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+STATE_KEY = "sglang_dsa_fix"
 
-_widen_logged = False
+# What the plugin says for a bug it does not hook, by check verdict.
+PLAN_STATE = {
+    Verdict.FIXED_UPSTREAM.value: f"not needed ({Verdict.FIXED_UPSTREAM.value})",
+    Verdict.FIXED_IN_TREE.value: f"not needed ({Verdict.FIXED_IN_TREE.value})",
+    Verdict.NOT_APPLICABLE.value: Verdict.NOT_APPLICABLE.value,
+    Verdict.NOT_COVERED.value: Verdict.NOT_COVERED.value,
+}
+
+# This process's state: what /server_info and the log lines report.
+STATE = {"version": __version__, "pid": None, "kill_switch": None, "bugs": {}}
+_said = set()  # one-time log lines already emitted in this process
 
 
-def enabled() -> bool:
-    return os.environ.get(KILL_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+def kill_switch_value() -> str:
+    return os.environ.get(KILL_SWITCH, "")
 
 
-def _after_init_cuda_graph_state(result, backend, *args, **kwargs):
-    """AFTER hook: ``hook(result, self, max_bs, max_num_tokens)``; returns None (keep result)."""
-    global _widen_logged
-    from sglang_dsa_fix import width
+def enabled(value: str | None = None) -> bool:
+    value = kill_switch_value() if value is None else value
+    return value.strip().lower() not in KILL_VALUES
 
-    table = width.graph_page_table(backend)
-    old = None if table is None else table.shape[1]
-    if width.enforce(backend) and not _widen_logged:
-        _widen_logged = True
-        # Logged here rather than in register(): scheduler logging is configured by now.
-        logger.info(
+
+def _once(key: str, level: int, message: str, *args) -> None:
+    if key not in _said:
+        _said.add(key)
+        logger.log(level, message, *args)
+
+
+def _summary() -> str:
+    bugs = "; ".join(f"{bug}: {info['state']}" for bug, info in STATE["bugs"].items())
+    return f"sglang-dsa-fix {__version__} (pid {os.getpid()}, {STATE['kill_switch']}): {bugs}"
+
+
+def _set(bug: Bug, state: str, **extra) -> None:
+    STATE["bugs"][bug.value] = {"state": state, **extra}
+
+
+def _guarded(bug: Bug, body):
+    """Run a hook body; on any failure: one warning, sglang's own result kept."""
+
+    def hook(result, *args, **kwargs):
+        try:
+            value = body(result, *args, **kwargs)
+        except Exception as exc:  # never break sglang
+            _set(bug, f"failed ({type(exc).__name__}: {exc}); sglang's own value kept")
+            _once(
+                f"fail-{bug.value}",
+                logging.WARNING,
+                "sglang-dsa-fix: %s hook failed (%s: %s); sglang's own value kept",
+                bug.value,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        _once("summary", logging.INFO, "%s", _summary())
+        return value
+
+    return hook
+
+
+def _page_table_body(result, backend, *args, **kwargs):
+    changed = width.enforce(backend)
+    info = STATE["bugs"][Bug.PAGE_TABLE.value]
+    info["calls"] = info.get("calls", 0) + 1
+    if changed:
+        info.update(state="applied", widened=list(changed))
+        _once(
+            "widened",
+            logging.INFO,
             "sglang-dsa-fix: CUDA-graph page_table widened from %d to %d columns (req_to_token)",
-            old,
-            width.required_width(backend),
+            *changed,
         )
+    elif info["state"].startswith("hooked"):
+        info["state"] = "applied (already as wide as req_to_token)"
+    return None  # keep sglang's result
 
 
-def decide() -> tuple[str, str | None]:
-    """(state, hook target). state is the text of the INFO line; target None = do not hook."""
-    if not enabled():
-        return f"disabled ({KILL_SWITCH}=0)", None
-    from sglang_dsa_fix import source_patch
+def _row_body_for(module_name: str, version):
+    from sglang_dsa_fix.runtime_fix import row_extra_fix
 
-    tree = source_patch.find_tree(None)
-    found = source_patch.find_backend_file(tree)
-    if found is None:
-        return f"unsupported (sglang {tree.version} has no DSA/NSA backend)", None
-    layout = found[0]
-    target = f"{layout.module}.{layout.class_name}.init_cuda_graph_state"
-    try:
-        verdict = source_patch.inspect(tree).verdict
-    except source_patch.PatchError:
-        verdict = None  # unrecognised source: the hook is a no-op where the width is right
-    if verdict is source_patch.Verdict.FIXED_UPSTREAM:
-        return "not needed (fixed upstream)", None
-    if verdict is source_patch.Verdict.FIXED_IN_TREE:
-        return "not needed (fixed in-tree by `sglang-dsa-fix apply`)", None
-    return "applied", target
+    fix = row_extra_fix(module_name, version)
+
+    def body(result, *args, **kwargs):
+        extra = fix(result, *args, **kwargs)
+        info = STATE["bugs"][Bug.ROW_OVERFLOW.value]
+        info["calls"] = info.get("calls", 0) + 1
+        info.update(state="applied", extra=[result, extra])
+        if extra != result:
+            _once(
+                "row",
+                logging.INFO,
+                "sglang-dsa-fix: req_to_token row headroom raised from "
+                "%d to %d columns past context_len (spec-v2 decode reservation)",
+                result,
+                extra,
+            )
+        return extra
+
+    return body
+
+
+def _internal_state_body(result, *args, **kwargs):
+    state = getattr(result, "internal_state", None)
+    if isinstance(state, dict):
+        state[STATE_KEY] = {**copy.deepcopy(STATE), "summary": _summary()}
+    return None
+
+
+def decide():
+    """[(bug, state, hook target, hook)] for this tree. Target None: nothing to hook."""
+    from sglang_dsa_fix import source_patch, tree
+
+    sglang = tree.find_tree(None)
+    plans = []
+    switch = kill_switch_value()
+    for state in source_patch.check(sglang):
+        bug, verdict, site = state.bug, state.verdict, state.site
+        # Stale bytecode means the pristine code is what runs: hook it (the hooks are no-ops
+        # where the width is already right).
+        if verdict not in (Verdict.AFFECTED, Verdict.STALE_BYTECODE):
+            plans.append((bug, PLAN_STATE[verdict.value], None, None))
+        elif not enabled(switch):
+            plans.append((bug, f"disabled ({KILL_SWITCH}={switch.strip()})", None, None))
+        elif bug is Bug.PAGE_TABLE:
+            from sglang_dsa_fix.sites import backend_file
+
+            layout, _ = backend_file(sglang)
+            plans.append((bug, "hooked", layout.hook_target, _page_table_body))
+        else:
+            module = ".".join(site.path.relative_to(sglang.package_parent).with_suffix("").parts)
+            target = f"{module}.get_req_to_token_extra_context_len"
+            plans.append((bug, "hooked", target, _row_body_for(module, sglang.version)))
+    return plans
 
 
 def register() -> None:
     """Entry point. Any failure: one warning line, sglang untouched."""
+    STATE["pid"] = os.getpid()
+    switch = kill_switch_value()
+    STATE["kill_switch"] = f"{KILL_SWITCH}={switch!r}: {'enabled' if enabled(switch) else 'disabled'}"
     try:
-        state, target = decide()
-        if target is not None:
-            from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-            HookRegistry.register(target, _after_init_cuda_graph_state, HookType.AFTER)
-            state = f"{state} (AFTER hook on {target})"
+        plans = decide()
     except Exception as exc:  # never break sglang's start-up
+        for bug in Bug:
+            _set(bug, f"unsupported ({type(exc).__name__}: {exc}); sglang untouched")
         logger.warning("sglang-dsa-fix: unsupported (%s: %s); sglang untouched", type(exc).__name__, exc)
         return
-    logger.info("sglang-dsa-fix: %s", state)
+    for bug, state, target, body in plans + [(None, None, INTERNAL_STATE_TARGET, None)]:
+        try:
+            if target is not None:
+                pkgutil.resolve_name(target)  # sglang resolves it the same way when applying
+                hook = _internal_state_body if bug is None else _guarded(bug, body)
+                HookRegistry.register(target, hook, HookType.AFTER)
+                state = f"hooked ({target}); applied on first call"
+        except Exception as exc:
+            state = f"unsupported ({type(exc).__name__}: {exc}); sglang untouched"
+            logger.warning("sglang-dsa-fix: cannot hook %s (%s: %s)", target, type(exc).__name__, exc)
+        if bug is not None:
+            _set(bug, state)
+    logger.info("%s", _summary())

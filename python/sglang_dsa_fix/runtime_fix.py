@@ -1,32 +1,48 @@
-"""Runtime form of the fix: widen the graph page_table right after init_cuda_graph_state.
+"""Runtime form of both fixes, for sglang files that cannot be edited.
 
-For images whose sglang files cannot be edited. ``install()`` is a plain class patch (tests,
-the demo, releases without the plugin API); ``plugin.py`` hooks the same ``width.enforce``
-through sglang's HookRegistry.
+- bug #1: right after ``init_cuda_graph_state``, widen the graph page_table (``width.enforce``);
+- bug #2: right after ``get_req_to_token_extra_context_len``, raise the row headroom to
+  ``width.row_extra_floor`` of sglang's own ``get_alloc_reserve_per_decode`` (the place
+  upstream widened it in 0.5.16, so the pool, the bug #1 buffer and every graph buffer sized
+  from ``req_to_token`` stay consistent).
+
+``plugin.py`` registers these through sglang's HookRegistry; ``install_page_table_fix`` is a
+plain class patch for the tests, the demo and releases without the plugin API.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
-from sglang_dsa_fix import width
-from sglang_dsa_fix.backends import import_backend_class
+from sglang_dsa_fix import backends, width
 
 _WRAPPED_MARK = "__sglang_dsa_fix_original__"
 
 
-def install(cls=None):
-    """Wrap ``cls.init_cuda_graph_state`` (default: the installed release's backend class).
+def row_extra_fix(module_name: str, version):
+    """AFTER-hook body for ``<module_name>.get_req_to_token_extra_context_len``.
+
+    Called as ``hook(result, *args, **kwargs)`` with the function's own arguments (0.5.13 -
+    0.5.16 pass ``server_args``, 0.5.23 none), which ``get_alloc_reserve_per_decode`` of the
+    same module takes too. Returns the widened headroom.
+    """
+
+    def after(result, *args, **kwargs):
+        module = importlib.import_module(module_name)
+        reserve = getattr(module, backends.RESERVE_FUNCTION)(*args, **kwargs)
+        return max(result, width.row_extra_floor(reserve, version))
+
+    return after
+
+
+def install_page_table_fix(cls):
+    """Wrap ``cls.init_cuda_graph_state`` so the graph page_table is as wide as req_to_token.
 
     Idempotent. The multi-step draft backend calls each sub-backend's method through the
     class (dsa_backend.py:2568-2570 in 0.5.14), so one class patch covers target,
-    draft-extend and draft-decode backends. Returns the patched class, or None when sglang
-    has no DSA/NSA backend.
+    draft-extend and draft-decode backends.
     """
-    if cls is None:
-        _, cls = import_backend_class()
-        if cls is None:
-            return None
     original = cls.__dict__["init_cuda_graph_state"]
     if hasattr(original, _WRAPPED_MARK):
         return cls
@@ -42,17 +58,12 @@ def install(cls=None):
     return cls
 
 
-def uninstall(cls=None) -> None:
-    """Undo ``install`` (tests and the demo run pristine and fixed in one process)."""
-    if cls is None:
-        _, cls = import_backend_class()
-        if cls is None:
-            return
-    current = cls.__dict__["init_cuda_graph_state"]
-    original = getattr(current, _WRAPPED_MARK, None)
+def uninstall_page_table_fix(cls) -> None:
+    """Undo ``install_page_table_fix`` (tests and the demo run pristine and fixed in one process)."""
+    original = getattr(cls.__dict__["init_cuda_graph_state"], _WRAPPED_MARK, None)
     if original is not None:
         cls.init_cuda_graph_state = original
 
 
-def is_installed(cls) -> bool:
+def page_table_fix_installed(cls) -> bool:
     return hasattr(cls.__dict__["init_cuda_graph_state"], _WRAPPED_MARK)

@@ -1,21 +1,38 @@
-"""The one invariant this project enforces, written once.
+"""The two width rules this project enforces, each written once.
 
-After ``init_cuda_graph_state`` the CUDA-graph ``page_table`` buffer (when not None) must be
-exactly as wide as ``req_to_token``: replay copies ``req_to_token[idx, :k]`` into
-``page_table[:, :k]`` with ``k`` up to ``req_to_token.shape[1]`` (target_verify reads
-``max(seq_lens) + num_draft_tokens`` columns, and speculative decoding lets seq_len pass
-context_len; the pool is over-allocated for exactly that). A narrower buffer makes ``copy_``
-raise ``The size of tensor a (W) must match the size of tensor b (k)``.
+Bug #1 (crash): the CUDA-graph ``page_table`` of the DSA/NSA backend must be exactly as wide as
+``req_to_token``. Replay copies ``req_to_token[idx, :k]`` into ``page_table[:, :k]`` with ``k`` up
+to ``req_to_token.shape[1]`` (target_verify reads ``max(seq_lens) + D`` columns and speculative
+decoding lets seq_len pass context_len). A narrower buffer makes ``copy_`` raise
+``The size of tensor a (W) must match the size of tensor b (k)``. sglang 0.5.14 sizes it
+``max_context_len + num_draft_tokens`` (layers/attention/dsa_backend.py:995-1000); 0.5.15 uses
+``self.req_to_token.shape[1]`` (dsa_backend.py:1119), as deepseek_v4_backend already did.
 
-sglang 0.5.14 sizes it ``max_context_len + num_draft_tokens``
-(layers/attention/dsa_backend.py:995-1000); 0.5.15 uses ``self.req_to_token.shape[1]``
-(dsa_backend.py:1119), as deepseek_v4_backend already did.
+Bug #2 (silent corruption): each spec-v2 decode step writes ``req_to_token[row, cur:nxt]`` with
+``nxt = max(cur, kv_committed_len + reserve)`` (0.5.14 speculative/eagle_info_v2.py:55, 0.5.15
+speculative/eagle_utils.py:794; rounded up to a page from 0.5.16) through the Triton kernel
+``assign_req_to_token_pool``, which masks only ``col < nxt`` (0.5.14
+speculative/triton_ops/cache_locs.py:45), never the row width. The row is
+``context_len + extra`` wide (``get_req_to_token_extra_context_len``: 0.5.14 mem_cache/common.py:251,
+0.5.16+ mem_cache/allocation_sizing.py:46), ``extra = 4 + D`` at page size 1. kv_committed_len at
+the last prepare before a request finishes reaches ``context_len - margin`` (below), so the row
+must hold ``reserve - margin`` columns past context_len (+ ``page_size - 1`` where nxt is
+page-aligned); anything beyond the row lands in the next request's row.
+
+This module imports no torch and no sglang at import time.
 """
 
 from __future__ import annotations
 
-# The in-tree patch writes this expression; status/check recognise it as "fixed".
-REQUIRED_WIDTH_EXPR = "self.req_to_token.shape[1]"
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+# --------------------------------------------------------------------------------------------
+# Bug #1: the graph page_table width.
+
+# The in-tree patch writes this expression; check/status recognise it as "fixed".
+PAGE_TABLE_WIDTH_EXPR = "self.req_to_token.shape[1]"
 
 
 def required_width(backend) -> int:
@@ -34,41 +51,149 @@ def holds(backend) -> bool:
     return table is None or table.shape[1] == required_width(backend)
 
 
-def enforce(backend) -> bool:
+def enforce(backend) -> Optional[tuple[int, int]]:
     """Re-allocate a too-narrow graph page_table at the required width.
 
     Must run right after ``init_cuda_graph_state`` and before any capture: capture keeps
     views of this buffer (``page_table[:bs*D, :]``), so swapping it later would leave the
     captured graphs reading the old storage. Same rows, dtype and device; zero-filled like the
-    original. Returns True when it changed anything; a no-op where the width is already right.
+    original. Returns (old width, new width) when it changed anything, else None.
     """
     import torch
 
     table = graph_page_table(backend)
     width = required_width(backend)
     if table is None or table.shape[1] == width:
-        return False
+        return None
     backend.decode_cuda_graph_metadata["page_table"] = torch.zeros(
         table.shape[0], width, dtype=table.dtype, device=table.device
     )
-    return True
-
-
-def req_to_token_extra(num_draft_tokens: int, page_size: int, topk: int) -> int:
-    """Columns ``req_to_token`` has beyond context_len with speculative decoding on.
-
-    Mirrors sglang 0.5.14 mem_cache/common.py:251-267 (``4 + num_draft_tokens``; more for
-    page>1 & topk>1, which DSA rejects). Older releases use the same ``4 + draft`` headroom
-    inline in model_runner. Where sglang provides the function, callers should prefer it;
-    tests check that this mirror agrees with it.
-    """
-    extra = 4 + (num_draft_tokens or 0)
-    if page_size > 1 and topk > 1:
-        # get_alloc_reserve_per_decode grows with topk*steps; never reached with DSA.
-        raise ValueError("page_size > 1 with topk > 1 is not supported by the DSA backend")
-    return extra
+    return table.shape[1], width
 
 
 def target_verify_columns(seq_len: int, num_draft_tokens: int) -> int:
     """Columns a TARGET_VERIFY replay copies for a batch whose longest request is seq_len."""
     return seq_len + num_draft_tokens
+
+
+def size_mismatch_message(buffer_width: int, columns: int) -> str:
+    """The exact error torch raises when a replay copies ``columns`` into the buffer."""
+    return (
+        f"The size of tensor a ({buffer_width}) must match the size of tensor b ({columns}) "
+        "at non-singleton dimension 1"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Bug #2: the req_to_token row width.
+
+
+def parse_version(version: Optional[str]) -> Optional[tuple[int, int, int]]:
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
+    return tuple(int(x) for x in match.groups()) if match else None
+
+
+def committed_margin(version: Optional[str], overlap: bool = True) -> int:
+    """How far below context_len kv_committed_len can be at a request's last decode prepare.
+
+    Admission clamps prompt + max_new_tokens to context_len - 2 (0.5.14
+    managers/scheduler.py:1868). 0.5.13 / 0.5.14 pre-claim the bonus slot in prepare
+    (eagle_info_v2.py:61 ``kv_committed_len += 1``) and the overlap scheduler (the default)
+    prepares the next batch before the previous result is processed, so the last prepare sees
+    context_len - 3 (context_len - 4 with ``--disable-overlap-schedule``). From 0.5.15 the bonus
+    is committed in resolve (eagle_utils.py:791-793) and the bound is context_len - 4 either way
+    (0.5.23 managers/batch_result_processor.py:831). A retracted request re-prefills its prompt
+    plus the output so far under the same clamp, so the bound holds after retraction too.
+    Unknown versions get the smaller, safer margin. The CPU tier runs the real code to check
+    every value.
+    """
+    parsed = parse_version(version)
+    if parsed is not None and parsed >= (0, 5, 15):
+        return 4
+    return 3 if overlap else 4
+
+
+def page_aligns_reservation(version: Optional[str]) -> bool:
+    """From 0.5.16 ``nxt`` is rounded up to a whole page (0.5.16 allocation_sizing.py:54-57)."""
+    parsed = parse_version(version)
+    return parsed is None or parsed >= (0, 5, 16)
+
+
+@dataclass(frozen=True)
+class SpecShape:
+    """A deployment's speculative shape, spelled as sglang's flags."""
+
+    context_length: int
+    speculative_num_draft_tokens: int  # D
+    speculative_num_steps: int
+    speculative_eagle_topk: int = 1
+    page_size: int = 1
+    has_draft_kv: bool = True  # False for NGRAM (no draft model KV)
+    overlap: bool = True  # False with --disable-overlap-schedule
+
+
+def alloc_len_per_decode(shape: SpecShape, version: Optional[str] = None) -> int:
+    """A = get_alloc_len_per_decode (0.5.14 mem_cache/common.py:211-239, same through 0.5.23;
+    0.5.13 :155-182 has no exemption for algorithms without draft KV, e.g. NGRAM)."""
+    steps, topk, tokens, page = (
+        shape.speculative_num_steps or 1,
+        shape.speculative_eagle_topk or 1,
+        shape.speculative_num_draft_tokens,
+        shape.page_size,
+    )
+    parsed = parse_version(version)
+    exempt = not shape.has_draft_kv and (parsed is None or parsed >= (0, 5, 14))
+    if page == 1 or topk == 1 or exempt:
+        return max(steps * topk, tokens)
+    pages_per_branch = ((page - 1) + steps + page - 1) // page
+    return max(pages_per_branch * page * topk, tokens)
+
+
+def reserve_per_decode(shape: SpecShape, version: Optional[str] = None) -> int:
+    """get_alloc_reserve_per_decode: 2·A, the double buffer for the overlap lag (mirror)."""
+    return 2 * alloc_len_per_decode(shape, version)
+
+
+def pristine_row_extra(version: Optional[str], shape: SpecShape) -> int:
+    """``get_req_to_token_extra_context_len`` of that release (mirror; tests check it)."""
+    extra = 4 + shape.speculative_num_draft_tokens
+    reserve = reserve_per_decode(shape, version)
+    if page_aligns_reservation(version):  # 0.5.16+: widened for page > 1 only
+        if shape.page_size > 1:
+            extra = max(extra, reserve + shape.page_size - 1)
+    elif shape.page_size > 1 and shape.speculative_eagle_topk > 1:  # 0.5.13 - 0.5.15
+        extra = max(extra, reserve)
+    return extra
+
+
+def required_row_extra(reserve: int, page_size: int, version: Optional[str], overlap: bool = True) -> int:
+    """Columns past context_len the row must have for a decode reservation of ``reserve``.
+
+    ``reserve`` is sglang's ``get_alloc_reserve_per_decode()`` (2·A). The fix forms call it with
+    the release's own function; status calls it with ``reserve_per_decode(shape, version)``.
+    """
+    align = page_size - 1 if page_aligns_reservation(version) else 0
+    return reserve + align - committed_margin(version, overlap)
+
+
+def row_extra_floor(reserve: int, version: Optional[str]) -> int:
+    """What both fix forms guarantee: ``extra >= reserve - margin``.
+
+    No page term: where nxt is page-aligned and page_size > 1 (0.5.16+), sglang's own extra is
+    already ``reserve + page_size - 1`` (0.5.16 allocation_sizing.py:58-62); at page size 1
+    alignment adds nothing.
+    """
+    return reserve - committed_margin(version)
+
+
+def row_overflow_columns(version: Optional[str], shape: SpecShape) -> int:
+    """Columns the last decode reservation writes past the row end (0 = safe) on a pristine tree."""
+    reserve = reserve_per_decode(shape, version)
+    need = required_row_extra(reserve, shape.page_size, version, shape.overlap)
+    return max(0, need - pristine_row_extra(version, shape))
+
+
+def fixed_row_extra(version: Optional[str], shape: SpecShape) -> int:
+    """The row headroom with either fix form live (mirror of what they compute)."""
+    floor = row_extra_floor(reserve_per_decode(shape, version), version)
+    return max(pristine_row_extra(version, shape), floor)

@@ -23,8 +23,8 @@ from typing import Optional
 import torch
 
 from sglang_dsa_fix import width
-from sglang_dsa_fix.cpu_stand_ins import stand_ins_for
-from sglang_dsa_fix.replay import (
+from sglang_dsa_fix.proof.cpu_stand_ins import stand_ins_for
+from sglang_dsa_fix.proof.replay import (
     Case,
     _forward_batch,
     batch_for,
@@ -51,8 +51,12 @@ class MultiStepResult:
 
     @property
     def ok(self) -> bool:
-        return (self.error is None and not self.mismatched_rows and not self.sentinel_clobbered
-                and not self.rows_beyond_bs_clobbered)
+        return (
+            self.error is None
+            and not self.mismatched_rows
+            and not self.sentinel_clobbered
+            and not self.rows_beyond_bs_clobbered
+        )
 
 
 def _guarded(table: torch.Tensor):
@@ -107,8 +111,12 @@ class MultiStepSession:
             return
         device = self.case.device
         fill = self.multi_step.attn_backends[0].get_cuda_graph_seq_len_fill_value()
-        self._run(bs, torch.full((bs,), fill, dtype=torch.int64, device=device),
-                  torch.zeros(bs, dtype=torch.int64, device=device), in_capture=True)
+        self._run(
+            bs,
+            torch.full((bs,), fill, dtype=torch.int64, device=device),
+            torch.zeros(bs, dtype=torch.int64, device=device),
+            in_capture=True,
+        )
         self.captured.add(bs)
 
     def replay(self, bs: int, seq_len: int) -> MultiStepResult:

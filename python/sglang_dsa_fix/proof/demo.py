@@ -12,9 +12,10 @@ import hashlib
 
 import torch
 
-from sglang_dsa_fix import replay, runtime_fix, source_patch
-from sglang_dsa_fix.backends import import_backend_class
-from sglang_dsa_fix.patched_copy import patched_backend_class
+from sglang_dsa_fix import runtime_fix, sites
+from sglang_dsa_fix import tree as trees
+from sglang_dsa_fix.proof import replay
+from sglang_dsa_fix.proof.patched_copy import patched_copy
 
 
 def _cell(result: replay.ReplayResult) -> str:
@@ -26,24 +27,24 @@ def _cell(result: replay.ReplayResult) -> str:
 
 
 def run(context_len: int, num_draft_tokens: int, page_size: int, bs: int, device: str) -> int:
-    tree = source_patch.find_tree(None)
-    layout, backend_cls = import_backend_class()
+    tree = trees.find_tree(None)
+    layout, backend_cls = replay.import_backend_class()
     if backend_cls is None:
         print(f"sglang {tree.version} has no DSA/NSA backend: nothing to demonstrate")
         return 1
-    site = source_patch.locate(tree)
+    site = sites.page_table_site(tree)
     digest_before = hashlib.sha256(site.path.read_bytes()).hexdigest()
 
     case = replay.Case(context_len, num_draft_tokens, page_size, bs, device)
     mode = "TARGET_VERIFY"
     pristine = replay.sweep(backend_cls, case, mode, bs)
-    runtime_fix.install(backend_cls)
+    runtime_fix.install_page_table_fix(backend_cls)
     try:
         runtime = replay.sweep(backend_cls, case, mode, bs)
     finally:
-        runtime_fix.uninstall(backend_cls)
-    with patched_backend_class() as (patched_cls, _):
-        in_tree = replay.sweep(patched_cls, case, mode, bs)
+        runtime_fix.uninstall_page_table_fix(backend_cls)
+    with patched_copy() as patched:
+        in_tree = replay.sweep(patched.backend_class, case, mode, bs)
     digest_after = hashlib.sha256(site.path.read_bytes()).hexdigest()
 
     pool_width = replay.req_to_token_width(case)

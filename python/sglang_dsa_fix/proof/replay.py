@@ -13,6 +13,7 @@ it wrote are compared with ``req_to_token``.
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -20,8 +21,24 @@ from typing import Optional
 
 import torch
 
-from sglang_dsa_fix import width
-from sglang_dsa_fix.cpu_stand_ins import stand_ins_for
+from sglang_dsa_fix import backends, width
+from sglang_dsa_fix.proof.cpu_stand_ins import stand_ins_for
+
+
+def import_backend_class(layout=None):
+    """Import the installed backend class (importing sglang). Returns (layout, class) or (None, None)."""
+    for candidate in (layout,) if layout else backends.LAYOUTS:
+        try:
+            module = importlib.import_module(candidate.module)
+        except ImportError:
+            continue
+        cls = module.__dict__.get(candidate.class_name)
+        # The 0.5.13+ nsa shim re-exports dsa classes under old names: only a class
+        # defined in that very module counts, so the shim never shadows the real one.
+        if isinstance(cls, type) and cls.__module__ == candidate.module:
+            return candidate, cls
+    return None, None
+
 
 MODES = ("DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2")
 
@@ -51,14 +68,24 @@ class ReplayResult:
         return self.error is None and self.mismatched_rows == 0
 
 
+def installed_version():
+    from sglang_dsa_fix import tree
+
+    return tree.find_tree(None).version
+
+
 def req_to_token_width(case: Case) -> int:
     """Row width of req_to_token for this case, from sglang's own sizing where it exists."""
     try:  # 0.5.13+: mem_cache/common.py:251
         from sglang.srt.mem_cache.common import get_req_to_token_extra_context_len
-    except ImportError:  # older releases size it inline (0.5.12 model_runner_kv_cache_mixin.py:245)
-        return case.context_len + width.req_to_token_extra(case.num_draft_tokens, case.page_size, 1)
+    except ImportError:  # older releases size it inline, 4 + D (0.5.12 model_runner_kv_cache_mixin.py:245)
+        shape = width.SpecShape(
+            case.context_len, case.num_draft_tokens, case.num_draft_tokens - 1, page_size=case.page_size
+        )
+        return case.context_len + width.pristine_row_extra("0.5.12", shape)
     server_args = SimpleNamespace(
         max_speculative_num_draft_tokens=case.num_draft_tokens,
+        speculative_num_steps=case.num_draft_tokens - 1,
         speculative_algorithm="EAGLE",
         page_size=case.page_size,
         speculative_eagle_topk=1,
@@ -154,27 +181,34 @@ def run_graph_metadata(backend, fb, num_tokens: int, in_capture: bool) -> None:
         backend.init_forward_metadata_out_graph(fb, in_capture=in_capture)
     elif in_capture:  # 0.5.4 - 0.5.12
         backend.init_forward_metadata_capture_cuda_graph(
-            fb.batch_size, num_tokens, fb.req_pool_indices, fb.seq_lens, None,
-            fb.forward_mode, fb.spec_info,
+            fb.batch_size,
+            num_tokens,
+            fb.req_pool_indices,
+            fb.seq_lens,
+            None,
+            fb.forward_mode,
+            fb.spec_info,
         )
     else:
         backend.init_forward_metadata_replay_cuda_graph(
-            fb.batch_size, fb.req_pool_indices, fb.seq_lens, fb.seq_lens_sum, None,
-            fb.forward_mode, fb.spec_info, fb.seq_lens_cpu,
+            fb.batch_size,
+            fb.req_pool_indices,
+            fb.seq_lens,
+            fb.seq_lens_sum,
+            None,
+            fb.forward_mode,
+            fb.spec_info,
+            fb.seq_lens_cpu,
         )
 
 
 def batch_for(case: Case, mode: str, bs: int, seq_len: int):
     """A batch whose longest request has seq_len; the others trail it by a few tokens."""
     device = case.device
-    seq_lens = torch.tensor(
-        [max(1, seq_len - (i % 3)) for i in range(bs)], dtype=torch.int64, device=device
-    )
+    seq_lens = torch.tensor([max(1, seq_len - (i % 3)) for i in range(bs)], dtype=torch.int64, device=device)
     req_pool_indices = torch.arange(1, bs + 1, dtype=torch.int64, device=device).flip(0)
     D = case.num_draft_tokens
-    num_accept = torch.tensor(
-        [D - (i % D) for i in range(bs)], dtype=torch.int32, device=device
-    )
+    num_accept = torch.tensor([D - (i % D) for i in range(bs)], dtype=torch.int32, device=device)
     return req_pool_indices, seq_lens, num_accept
 
 
@@ -265,9 +299,7 @@ class GraphSession:
     def replay(self, mode: str, bs: int, seq_len: int) -> ReplayResult:
         self.capture(mode, bs)
         idx, seq_lens, accept = batch_for(self.case, mode, bs, seq_len)
-        result = ReplayResult(
-            mode, bs, seq_len, columns_read(self.case, mode, seq_len), self.buffer_width
-        )
+        result = ReplayResult(mode, bs, seq_len, columns_read(self.case, mode, seq_len), self.buffer_width)
         try:
             self._run(mode, bs, seq_lens, idx, accept, in_capture=False)
         except RuntimeError as exc:
@@ -293,9 +325,7 @@ class GraphSession:
             metadata = self.backend.forward_metadata
             page_table_1, real_page_table = metadata.page_table_1, metadata.real_page_table
         result.checked_rows = expected.shape[0]
-        result.mismatched_rows = mismatched_rows(
-            page_table_1, real_page_table, expected, self.case.page_size
-        )
+        result.mismatched_rows = mismatched_rows(page_table_1, real_page_table, expected, self.case.page_size)
 
 
 def sweep(backend_cls, case: Case, mode: str, bs: int, first_seq_len: Optional[int] = None):

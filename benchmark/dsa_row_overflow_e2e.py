@@ -1,0 +1,260 @@
+"""Bug #2 end to end: the spec-v2 decode reservation writes into the next request's row.
+
+The real engine on the tiny dummy-weight DSA model of ``dsa_eagle_long_gen.py``: EAGLE topk 1,
+steps 7 / D 8, ``SGLANG_SIMULATE_ACC_LEN=1`` (one token per verify: kv_committed_len reaches the
+bound), context 256, two concurrent requests (prompts 100 and 20, max_new_tokens unset,
+ignore_eos). A benchmark-only plugin (``row_observer.py``) watches every row write and the next
+row's first columns; it does not depend on any fix. Variants, each in its own process:
+
+  bug1_only  in-tree patch of bug #1 only (a copy of the installed sglang; its row sizing file
+             put back): what a deployment fixed for the crash alone runs
+  plugin     this package's plugin (both fixes), sglang untouched
+  apply      the in-tree patch of both bugs, on a copy
+
+With ``--server`` the plugin variant runs under ``launch_server`` instead, and the run also
+reads ``/server_info`` and ``sglang-dsa-fix status --url`` from it.
+Exit 0 only if bug1_only writes past the row end into a live neighbour and no fixed variant
+writes past the row end, and every request completes.
+
+    python benchmark/dsa_row_overflow_e2e.py [--variants bug1_only,plugin,apply] [--server]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from dsa_eagle_long_gen import (
+    ServerClient,
+    engine_kwargs,
+    install_entry_point,
+    install_plugin,
+    variant_env,
+    write_model,
+)
+
+from sglang_dsa_fix import source_patch
+from sglang_dsa_fix import tree as trees
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = ("bug1_only", "plugin", "apply")
+
+
+def prepare(variant: str, work: Path) -> dict:
+    """PYTHONPATH for a variant; the observer plugin is on it for every variant."""
+    observer = work / "observer-site"
+    if not observer.exists():
+        install_entry_point(
+            observer,
+            "dsa_row_observer",
+            "0",
+            [REPO / "benchmark" / "row_observer.py"],
+            "dsa_row_observer = row_observer:register",
+        )
+    paths = [str(observer)]
+    # In-tree variants keep our plugin inert should an install of it be visible anyway.
+    env = {"SGLANG_DSA_FIX": "1" if variant == "plugin" else "0"}
+    if variant in ("bug1_only", "apply"):
+        copy = work / f"{variant}-site"
+        shutil.copytree(
+            trees.find_tree(None).package, copy / "sglang", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        outcome = source_patch.apply(trees.find_tree(str(copy)))
+        if variant == "bug1_only":  # put the row sizing file back as it was
+            row = next(s for s in outcome.states if s.bug.value == "req_to_token_row")
+            backup = source_patch.backup_path(row.site.path)
+            shutil.move(backup, row.site.path)
+        paths.insert(0, str(copy))
+    else:
+        site = work / "plugin-site"
+        install_plugin(site)
+        paths.insert(0, str(site))
+    env["PYTHONPATH"] = os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")])
+    return env
+
+
+def long_gen_args(args) -> SimpleNamespace:
+    """The long-generation benchmark's settings object, for its engine and server helpers."""
+    return SimpleNamespace(
+        context_len=args.context_length,
+        speculative_num_steps=args.speculative_num_steps,
+        concurrency=2,
+        port=args.port,
+        start_timeout=args.start_timeout,
+    )
+
+
+def worker(args) -> int:
+    """One variant in its own process: two requests, then the outputs as one JSON line."""
+    model = write_model(Path(args.model_dir), args.context_length)
+    settings = long_gen_args(args)
+    prompts = [[200 + i % 1000 for i in range(n)] for n in (100, 20)]
+    params = [{"max_new_tokens": None, "ignore_eos": True, "temperature": 0} for _ in prompts]
+    out = {"variant": args.worker}
+    if args.server:
+        import requests
+
+        client = ServerClient(settings, model, sys.stderr)
+        try:
+            base = f"http://127.0.0.1:{args.port}"
+            body = {"input_ids": prompts, "sampling_params": params}  # one batch: both run together
+            results = requests.post(f"{base}/generate", json=body, timeout=args.generate_timeout).json()
+            info = requests.get(f"{base}/server_info", timeout=10).json()
+            out["server_info_sglang_dsa_fix"] = [
+                s.get("sglang_dsa_fix") for s in info.get("internal_states", [])
+            ]
+            status = subprocess.run(
+                [sys.executable, "-m", "sglang_dsa_fix", "status", "--url", base],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            out["status_url"] = {
+                "exit_code": status.returncode,
+                "stdout": status.stdout,
+                "stderr": status.stderr,
+            }
+        finally:
+            client.process.terminate()
+            client.process.wait(timeout=60)
+    else:
+        import sglang
+
+        engine = sglang.Engine(**engine_kwargs(settings, model))
+        results = engine.generate(input_ids=prompts, sampling_params=params)
+        engine.shutdown()
+    out["requests"] = [
+        {
+            "prompt_len": len(p),
+            "completion_tokens": r["meta_info"]["completion_tokens"],
+            "finish_reason": r["meta_info"]["finish_reason"],
+        }
+        for p, r in zip(prompts, results)
+    ]
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+def observe(log: Path) -> dict:
+    lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    writes = [w for line in lines for w in line["writes"]]
+    return {
+        "row_writes": len(writes),
+        "row_width": lines[0]["width"] if lines else None,
+        "furthest_end": max((w["end"] for w in writes), default=None),
+        "past_row_end": [p for line in lines for p in line["past_row_end"]],
+        "neighbour_changed": [c for line in lines for c in line["neighbour_changed"]],
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--context-length", type=int, default=256)
+    parser.add_argument("--speculative-num-steps", type=int, default=7)
+    parser.add_argument("--server", action="store_true", help="plugin variant under launch_server")
+    parser.add_argument("--port", type=int, default=30123)
+    parser.add_argument("--start-timeout", type=float, default=420)
+    parser.add_argument("--generate-timeout", type=float, default=300)
+    parser.add_argument("--variant-timeout", type=float, default=540)
+    parser.add_argument("--jsonl", help="append one JSON line per variant")
+    parser.add_argument("--logs", help="directory for the variants' logs (default: a temp dir)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    variants = args.variants.split(",")
+    if set(variants) - set(VARIANTS):
+        parser.error(f"--variants: choose from {','.join(VARIANTS)}")
+    work = Path(tempfile.mkdtemp(prefix="dsa-row-e2e-"))
+    logs = Path(args.logs) if args.logs else work
+    logs.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for variant in variants:
+        env = {
+            **os.environ,
+            **variant_env(args),
+            **prepare(variant, work),
+            "SGLANG_SIMULATE_ACC_LEN": "1",
+            "ROW_OBSERVER_LOG": str(logs / f"{variant}.rows.jsonl"),
+        }
+        server = args.server and variant == "plugin"
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            variant,
+            "--model-dir",
+            str(work / "model"),
+            "--context-length",
+            str(args.context_length),
+            "--speculative-num-steps",
+            str(args.speculative_num_steps),
+            "--port",
+            str(args.port),
+            "--start-timeout",
+            str(args.start_timeout),
+            "--generate-timeout",
+            str(args.generate_timeout),
+        ] + (["--server"] if server else [])
+        began = time.perf_counter()
+        with open(logs / f"{variant}.log", "w") as log:
+            try:
+                proc = subprocess.run(
+                    cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.variant_timeout
+                )
+                stdout, rc = proc.stdout, proc.returncode
+            except subprocess.TimeoutExpired as exc:
+                stdout, rc = exc.stdout or "", "timeout"
+        result = next((json.loads(x[7:]) for x in (stdout or "").splitlines() if x.startswith("RESULT ")), {})
+        row = {
+            "variant": variant,
+            "server": server,
+            "rc": rc,
+            "wall_s": round(time.perf_counter() - began, 1),
+            **result,
+            **observe(logs / f"{variant}.rows.jsonl"),
+        }
+        log_text = (logs / f"{variant}.log").read_text(errors="replace")
+        row["plugin_lines"] = [x.strip() for x in log_text.splitlines() if "sglang-dsa-fix" in x][:6]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.jsonl:
+            with open(args.jsonl, "a") as handle:
+                handle.write(json.dumps(row) + "\n")
+    return verdict(rows)
+
+
+def verdict(rows) -> int:
+    ok = True
+    for row in rows:
+        completed = [r for r in row.get("requests", []) if (r["finish_reason"] or {}).get("type") == "length"]
+        print(
+            f"{row['variant']:>10}: rc {row['rc']}, {len(completed)}/2 completed, row width {row['row_width']}, "
+            f"furthest write end {row['furthest_end']}, past row end {len(row['past_row_end'])} writes, "
+            f"neighbour rows changed {len(row['neighbour_changed'])}"
+        )
+        if len(completed) != 2:
+            ok = False
+        corrupted = bool(row["past_row_end"]) and bool(row["neighbour_changed"])
+        if row["variant"] == "bug1_only" and not corrupted:
+            ok = False
+        if row["variant"] != "bug1_only" and (
+            row["past_row_end"] or row["neighbour_changed"] or not row["row_writes"]
+        ):
+            ok = False
+    print("RESULT:", "as expected" if ok else "NOT as expected")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""An SGLang plugin for the bug #2 benchmark only: watch every spec-v2 ``req_to_token`` row write.
+
+It does not depend on any fix: an AROUND hook on ``assign_req_to_token_pool_func`` (0.5.13 -
+0.5.15 ``speculative/spec_utils.py``, 0.5.16+ ``mem_cache/allocation.py``) records, per call and
+per request row, the row width, the [start, end) written, and whether the first columns of the
+next row changed across the call. One JSON line per call to ``$ROW_OBSERVER_LOG``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def _hook(original, req_pool_indices, req_to_token, start, end, out_cache_loc, batch_size, *rest):
+    rows = req_pool_indices[:batch_size].tolist()
+    width = req_to_token.shape[1]
+    starts, ends = start[:batch_size].tolist(), end[:batch_size].tolist()
+    # The columns a row could spill into: as many as the reservation can pass the row end.
+    spill = max(1, max(ends, default=0) - width)
+    neighbours = [r + 1 for r in rows if r + 1 < req_to_token.shape[0]]
+    before = {r: req_to_token[r, :spill].tolist() for r in neighbours}
+    result = original(req_pool_indices, req_to_token, start, end, out_cache_loc, batch_size, *rest)
+    after = {r: req_to_token[r, :spill].tolist() for r in neighbours}
+    line = {
+        "pid": os.getpid(),
+        "width": width,
+        "writes": [{"row": r, "start": s, "end": e} for r, s, e in zip(rows, starts, ends)],
+        "past_row_end": [{"row": r, "columns": e - width} for r, e in zip(rows, ends) if e > width],
+        "neighbour_changed": [
+            {"row": r, "before": before[r], "after": after[r]} for r in neighbours if before[r] != after[r]
+        ],
+    }
+    with open(os.environ["ROW_OBSERVER_LOG"], "a") as handle:
+        handle.write(json.dumps(line) + "\n")
+    return result
+
+
+def register() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_dsa_fix.proof.row_overflow import writer_module
+
+    module = writer_module()
+    HookRegistry.register(f"{module.__name__}.assign_req_to_token_pool_func", _hook, HookType.AROUND)

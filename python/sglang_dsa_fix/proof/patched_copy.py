@@ -1,0 +1,66 @@
+"""Load the fixed code from a temporary copy of the installed sglang with the in-tree patch.
+
+Lets the tests and the demo run pristine, runtime-fixed and in-tree-patched code side by side
+in one process while the installed sglang stays untouched: each patched file is loaded as a
+module of its own; its absolute ``sglang.*`` imports resolve to the installed release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_dsa_fix import sites, source_patch
+from sglang_dsa_fix import tree as trees
+from sglang_dsa_fix.verdicts import Bug
+
+
+@dataclass
+class PatchedCopy:
+    outcome: source_patch.Outcome  # what apply did to the copy
+    modules: dict  # Bug -> the patched module (only the bugs apply changed)
+    backend_class: object = None  # bug #1: the patched backend class
+    sizing_function: object = None  # bug #2: the patched get_req_to_token_extra_context_len
+
+
+def _load(path: Path, installed_name: str):
+    name = f"{installed_name}__sglang_dsa_fix_patched"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def patched_copy():
+    """Yield a PatchedCopy of the installed sglang; the copy is deleted after."""
+    installed = trees.find_tree(None)
+    with tempfile.TemporaryDirectory(prefix="sglang-dsa-fix-") as tmp:
+        shutil.copytree(installed.package, Path(tmp) / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+        copy = trees.find_tree(tmp)
+        outcome = source_patch.apply(copy)
+        names = []
+        try:
+            modules = {}
+            for state in outcome.states:
+                if state.site is not None and state.site.path in outcome.changed:
+                    relative = state.site.path.relative_to(copy.package_parent).with_suffix("")
+                    installed_name = ".".join(relative.parts)
+                    modules[state.bug] = _load(state.site.path, installed_name)
+                    names.append(modules[state.bug].__name__)
+            patched = PatchedCopy(outcome, modules)
+            if Bug.PAGE_TABLE in modules:
+                layout, _ = sites.backend_file(copy)
+                patched.backend_class = getattr(modules[Bug.PAGE_TABLE], layout.class_name)
+            if Bug.ROW_OVERFLOW in modules:
+                patched.sizing_function = modules[Bug.ROW_OVERFLOW].get_req_to_token_extra_context_len
+            yield patched
+        finally:
+            for name in names:
+                sys.modules.pop(name, None)

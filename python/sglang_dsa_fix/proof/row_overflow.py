@@ -1,0 +1,278 @@
+"""Drive the real spec-v2 decode reservation to a request's last step and watch the next row.
+
+Real sglang parts, per release: the row sizing (``get_req_to_token_extra_context_len``),
+``ReqToTokenPool``, the token allocator (``TokenToKVPoolAllocator`` at page 1,
+``PagedTokenToKVPoolAllocator`` otherwise, whose ``alloc_extend`` is a Triton kernel),
+``ChunkCache``, ``Req``, ``ScheduleBatch``, the spec-v2 prepare (0.5.13 / 0.5.14
+``EagleDraftInputV2Mixin.prepare_for_decode``, 0.5.15+ ``eagle_utils.eagle_prepare_for_decode``)
+with its Triton kernel ``assign_req_to_token_pool`` (0.5.16+ called from
+``mem_cache/allocation.py``; run on CPU by Triton's interpreter:
+``TRITON_INTERPRET=1`` must be set before triton is imported), and ``release_kv_cache``.
+
+What is modelled here is only the scheduler's bookkeeping between two prepares, as sglang
+does it (0.5.14 managers/scheduler_components/batch_result_processor.py:560-582): the verify
+accepts ``accept_len`` tokens; the result raises kv_committed_len by ``accept_len - 1`` where
+prepare pre-claimed the bonus slot (0.5.13 / 0.5.14, detected by watching prepare) or by
+``accept_len`` where it did not (0.5.15+); a request finishes when its output reaches
+max_new_tokens, which sglang clamps to ``context_len - 2 - prompt`` when unset (0.5.14
+managers/scheduler.py:1868); a finished request's pre-claim is given back. With overlap on,
+the next batch is prepared before the previous result is processed
+(event_loop_overlap), so a request gets one more prepare after its last useful verify.
+
+The neighbour row (the next request's) is filled with a canary. Observers that do not depend
+on any fix: the canary, the [start, end) of every row write (recorded around the real kernel
+call), and the allocator's free size after the request is released.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Optional
+from unittest import mock
+
+import torch
+
+CANARY = 0x5A5A5A5  # a slot index no allocator of these sizes hands out
+
+
+@dataclass(frozen=True)
+class RowCase:
+    context_len: int
+    num_draft_tokens: int  # D
+    page_size: int
+    overlap: bool
+    prompt_len: int
+    accept_len: int = 1
+    topk: int = 1
+    num_steps: Optional[int] = None  # default D - 1 (topk 1)
+    algorithm: str = "EAGLE"
+
+    @property
+    def steps(self) -> int:
+        return self.num_steps or max(1, self.num_draft_tokens - 1)
+
+
+@dataclass
+class RowResult:
+    case: RowCase
+    row_width: int
+    row_extra: int
+    furthest_column: int  # highest column any prepare wrote in the owner's row
+    last_committed: int  # kv_committed_len seen by the last prepare
+    canary_clobbered: int  # neighbour-row cells changed
+    leaked_slots: int  # KV slots not back in the allocator after release
+    prepares: int
+
+    @property
+    def columns_past_row_end(self) -> int:
+        return max(0, self.furthest_column + 1 - self.row_width)
+
+    @property
+    def clean(self) -> bool:
+        return self.columns_past_row_end == 0 and self.canary_clobbered == 0 and self.leaked_slots == 0
+
+
+def require_interpreter() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        raise RuntimeError("set TRITON_INTERPRET=1 before importing triton to run the kernels on CPU")
+
+
+def _sizing_module():
+    for name in ("sglang.srt.mem_cache.allocation_sizing", "sglang.srt.mem_cache.common"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "get_req_to_token_extra_context_len"):
+            return module
+    raise RuntimeError("this sglang has no get_req_to_token_extra_context_len")
+
+
+def server_args_for(case: RowCase) -> SimpleNamespace:
+    """The flags the real sizing / prepare / release functions read (sglang's spellings)."""
+    return SimpleNamespace(
+        speculative_algorithm=case.algorithm,
+        speculative_num_steps=case.steps,
+        speculative_eagle_topk=case.topk,
+        speculative_num_draft_tokens=case.num_draft_tokens,
+        max_speculative_num_draft_tokens=case.num_draft_tokens,
+        page_size=case.page_size,
+        strip_thinking_cache=False,
+        attention_backend="dsa",  # any CUDA backend: get_last_loc takes its Triton kernel
+        enable_mamba_extra_buffer=lambda: False,
+        enable_mamba_extra_buffer_lazy=lambda: False,
+    )
+
+
+@contextlib.contextmanager
+def global_server_args(server_args):
+    """Publish ``server_args`` where this release's code reads them: the module global (0.5.14
+    and older) or the runtime context (0.5.15+, ``runtime_context.get_context()``)."""
+    from sglang.srt import server_args as holder
+
+    attribute = "_global_server_args"
+    if not hasattr(holder, attribute):  # 0.5.15+
+        from sglang.srt.runtime_context import get_context
+
+        holder, attribute = get_context(), "_server_args"
+    with mock.patch.object(holder, attribute, server_args):
+        yield
+
+
+def _prepare_for_decode():
+    """The release's spec-v2 prepare: a callable taking the ScheduleBatch."""
+    try:
+        from sglang.srt.speculative.eagle_utils import eagle_prepare_for_decode
+
+        return eagle_prepare_for_decode
+    except ImportError:
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        spec_info = EagleDraftInput.__new__(EagleDraftInput)
+        return lambda batch: EagleDraftInput.prepare_for_decode(spec_info, batch)
+
+
+def writer_module():
+    """The module whose ``assign_req_to_token_pool_func`` the spec-v2 prepare calls: 0.5.16+
+    mem_cache/allocation.py (a module global there), before that speculative/spec_utils.py
+    (imported at call time)."""
+    for name in ("sglang.srt.mem_cache.allocation", "sglang.srt.speculative.spec_utils"):
+        with contextlib.suppress(ImportError):
+            module = importlib.import_module(name)
+            if hasattr(module, "assign_req_to_token_pool_func"):
+                return module
+    raise RuntimeError("this sglang has no assign_req_to_token_pool_func")
+
+
+class _WriteRecorder:
+    """Records [start, end) of every real ``assign_req_to_token_pool_func`` call, then runs it."""
+
+    def __init__(self):
+        self.module = writer_module()
+        self.real = self.module.assign_req_to_token_pool_func
+        self.furthest = -1
+
+    def __call__(self, req_pool_indices, req_to_token, start, end, out_cache_loc, bs):
+        if bs:
+            self.furthest = max(self.furthest, int(end[:bs].max()) - 1)
+        return self.real(req_pool_indices, req_to_token, start, end, out_cache_loc, bs)
+
+    def installed(self):
+        return mock.patch.object(self.module, "assign_req_to_token_pool_func", self)
+
+
+def _allocator(case: RowCase, size: int):
+    if case.page_size == 1:
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+        return TokenToKVPoolAllocator(size, torch.bfloat16, "cpu", None, False)
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+
+    return PagedTokenToKVPoolAllocator(size, case.page_size, torch.bfloat16, "cpu", None, False)
+
+
+def run(case: RowCase, sizing_function=None) -> RowResult:
+    """One request from its first decode prepare to its release. ``sizing_function`` replaces
+    the release's ``get_req_to_token_extra_context_len`` (a fixed one); None = as installed."""
+    require_interpreter()
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.chunk_cache import ChunkCache
+    from sglang.srt.mem_cache.common import release_kv_cache
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    server_args = server_args_for(case)
+    sizing = sizing_function or _sizing_module().get_req_to_token_extra_context_len
+    with global_server_args(server_args):
+        try:
+            extra = sizing(server_args)
+        except TypeError:  # 0.5.23 takes no argument
+            extra = sizing()
+        row_width = case.context_len + extra
+        pool = ReqToTokenPool(size=2, max_context_len=row_width, device="cpu", enable_memory_saver=False)
+        pages = -(-3 * row_width // case.page_size) + 4
+        allocator = _allocator(case, pages * case.page_size)
+        tree_cache = ChunkCache(
+            CacheInitParams(
+                disable=True,
+                req_to_token_pool=pool,
+                token_to_kv_pool_allocator=allocator,
+                page_size=case.page_size,
+            )
+        )
+        free_before = allocator.available_size()
+
+        max_new = case.context_len - 2 - case.prompt_len
+        params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+        owner = Req("owner", "", list(range(case.prompt_len)), params)
+        neighbour = Req("neighbour", "", [0], SamplingParams(max_new_tokens=1))
+        pool.alloc([owner, neighbour])
+        row, next_row = owner.req_pool_idx, neighbour.req_pool_idx
+        assert next_row == row + 1, (row, next_row)
+        pool.req_to_token[next_row].fill_(CANARY)
+
+        # Prefill: the prompt's KV slots, whole pages at page > 1 (as extend allocates them).
+        aligned = -(-case.prompt_len // case.page_size) * case.page_size
+        slots = allocator.alloc(aligned)[: case.prompt_len]
+        pool.req_to_token[row, : case.prompt_len] = slots.to(torch.int32)
+        owner.kv_committed_len = case.prompt_len
+        if getattr(owner, "kv", 0) is None:  # 0.5.16+: allocation state in Req.kv (ReqKvInfo)
+            from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+            owner.kv = ReqKvInfo(kv_allocated_len=case.prompt_len, swa_evicted_seqlen=0)
+        else:
+            owner.kv_allocated_len = case.prompt_len
+        outputs = 1  # prefill samples the first output token
+
+        batch = ScheduleBatch(
+            reqs=[owner],
+            req_to_token_pool=pool,
+            token_to_kv_pool_allocator=allocator,
+            tree_cache=tree_cache,
+            device="cpu",
+        )
+        batch.req_pool_indices = torch.tensor([row], dtype=torch.int64)
+        batch.sampling_info = SimpleNamespace(penalizer_orchestrator=SimpleNamespace(is_required=False))
+        prepare = _prepare_for_decode()
+        recorder = _WriteRecorder()
+        pending, pre_claims, prepares, last_committed = None, None, 0, None
+
+        def process(accepted: int) -> None:
+            nonlocal outputs
+            if owner.finished():
+                owner.kv_committed_len -= 1 if pre_claims else 0
+                return
+            owner.kv_committed_len += accepted - 1 if pre_claims else accepted
+            outputs += accepted
+            if outputs >= max_new:
+                owner.finished_reason = FINISH_LENGTH(max_new)
+
+        if outputs >= max_new:  # finished by prefill: no decode step at all
+            owner.finished_reason = FINISH_LENGTH(max_new)
+        with recorder.installed():
+            while not owner.finished() or pending is not None:
+                if not owner.finished():
+                    before = last_committed = owner.kv_committed_len
+                    prepare(batch)
+                    prepares += 1
+                    pre_claims = owner.kv_committed_len == before + 1
+                    step = case.accept_len
+                else:
+                    step = None
+                if case.overlap:
+                    if pending is not None:
+                        process(pending)
+                    pending = step
+                elif step is not None:
+                    process(step)
+        release_kv_cache(owner, tree_cache)
+        canary_clobbered = int((pool.req_to_token[next_row] != CANARY).sum())
+        leaked = free_before - allocator.available_size()
+    return RowResult(
+        case, row_width, extra, recorder.furthest, last_committed, canary_clobbered, leaked, prepares
+    )

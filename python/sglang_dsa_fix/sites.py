@@ -1,0 +1,289 @@
+"""Find, in sglang's own source files, the one spot each bug's in-tree fix changes.
+
+Nothing of sglang's source is stored here: each file is parsed (``ast``) and the change is
+computed from its bytes. A ``Site`` says where the change goes and what it inserts:
+
+    patched = data[:line_start] + comment + data[line_start:start] + replacement + data[end:]
+
+- bug #1: ``start:end`` is the width argument of the ``torch.zeros`` that allocates the graph
+  ``page_table`` in ``<Backend>.init_cuda_graph_state``; ``replacement`` is
+  ``width.PAGE_TABLE_WIDTH_EXPR``;
+- bug #2: ``start == end`` is the final ``return extra`` of ``get_req_to_token_extra_context_len``;
+  ``replacement`` is one line raising ``extra`` to ``width.row_extra_floor(reserve, version)``.
+
+A file already patched by this tool yields a ``Site`` with ``patched_here`` True.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from sglang_dsa_fix import backends, width
+from sglang_dsa_fix.tree import SglangTree, ToolError
+from sglang_dsa_fix.verdicts import Bug
+
+# Comments the in-tree change adds (upstream style; check recognises the change by them).
+PAGE_TABLE_COMMENT = (
+    "# As wide as req_to_token: speculative decoding lets seq_len pass context_len and",
+    "# replay copies req_to_token rows into this buffer (target_verify: seq_len + D).",
+)
+
+
+def row_comment(margin: int) -> tuple[str, ...]:
+    return (
+        "# Hold the spec-v2 decode reservation: it writes this row up to kv_committed_len +",
+        f"# {backends.RESERVE_FUNCTION}(), and kv_committed_len reaches context_len - {margin}.",
+    )
+
+
+@dataclass(frozen=True)
+class Site:
+    bug: Bug
+    path: Path  # the file inside the tree (may be a symlink; writes go to its target)
+    data: bytes  # the file as read
+    line_start: int
+    start: int
+    end: int
+    lineno: int
+    comment: tuple[str, ...]
+    replacement: str
+    found: str  # what sglang has at the site (the width expression, or ``return extra``)
+    patched_here: bool  # the file already carries exactly this tool's change
+    fixed_upstream: bool = False
+
+    def patched_bytes(self) -> bytes:
+        data = self.data
+        indent = data[self.line_start : self.start]
+        indent = indent[: len(indent) - len(indent.lstrip())]
+        newline = b"\r\n" if b"\r\n" in data[self.start : data.find(b"\n", self.start) + 1] else b"\n"
+        comment = b"".join(indent + line.encode() + newline for line in self.comment)
+        replacement = self.replacement.encode()
+        if self.start == self.end:  # an inserted statement: own line, same indent
+            replacement += newline + indent
+        return (
+            data[: self.line_start]
+            + comment
+            + data[self.line_start : self.start]
+            + replacement
+            + data[self.end :]
+        )
+
+
+def _byte_offset(lines: list[bytes], lineno: int, col: int) -> int:
+    # ast columns are UTF-8 byte offsets; lines split like the tokenizer (\n, \r\n, \r).
+    return sum(len(line) for line in lines[: lineno - 1]) + col
+
+
+def _lines_above(lines: list[bytes], lineno: int, count: int) -> list[str]:
+    above = lines[max(0, lineno - 1 - count) : lineno - 1]
+    return [line.strip().decode("utf-8", "replace") for line in above]
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ToolError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _parse(path: Path, data: bytes) -> ast.Module:
+    try:
+        return ast.parse(data, filename=str(path))
+    except (SyntaxError, ValueError) as exc:
+        detail = f"{exc.msg}, line {exc.lineno}" if isinstance(exc, SyntaxError) else str(exc)
+        raise ToolError(f"{path}: not recognised: does not parse ({detail})") from None
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------------------ bug #1
+
+
+def _is_torch_zeros(node) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "zeros"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "torch"
+    )
+
+
+def _zeros_calls(value) -> list:
+    """torch.zeros calls that an expression evaluates to (directly or via a conditional)."""
+    if isinstance(value, ast.IfExp):
+        return _zeros_calls(value.body) + _zeros_calls(value.orelse)
+    return [value] if _is_torch_zeros(value) else []
+
+
+def _page_table_allocations(method: ast.FunctionDef) -> list:
+    calls = []
+    for node in ast.walk(method):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and key.value == "page_table":
+                    calls += _zeros_calls(value)
+        elif isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == "page_table" for t in node.targets):
+                calls += _zeros_calls(node.value)
+    return calls
+
+
+def _class(module: ast.Module, name: str) -> Optional[ast.ClassDef]:
+    return next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+
+
+def _method(cls: ast.ClassDef, name: str) -> Optional[ast.FunctionDef]:
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _resolves_to_pool_width(expr: str, method_text: bytes) -> bool:
+    if expr == width.PAGE_TABLE_WIDTH_EXPR:
+        return True
+    # 0.5.15+: ``max_ctx_len = self.req_to_token.shape[1]`` then ``max_ctx_len`` (dsa_backend.py:1119).
+    if not re.fullmatch(r"[A-Za-z_]\w*", expr):
+        return False
+    assign = (
+        rb"^\s*" + expr.encode() + rb"\s*=\s*" + re.escape(width.PAGE_TABLE_WIDTH_EXPR.encode()) + rb"\s*$"
+    )
+    return re.search(assign, method_text, re.MULTILINE) is not None
+
+
+def backend_file(tree: SglangTree):
+    """(layout, path) of the backend file this release uses, or None (no DSA/NSA backend).
+
+    The newest layout whose file exists decides; 0.5.13 - 0.5.20 keep a class-less
+    ``nsa_backend.py`` shim beside ``dsa_backend.py``, so a shim only counts when it is alone.
+    """
+    for layout in backends.LAYOUTS:
+        path = tree.file(layout.relative_path)
+        if _is_file(path):
+            return layout, path
+    return None
+
+
+def page_table_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
+    """Bug #1's site, or None where sglang has no DSA/NSA backend. ToolError if unrecognised.
+
+    ``data``: parse these bytes as the file's content (a backup) instead of reading it.
+    """
+    found = backend_file(tree)
+    if found is None:
+        return None
+    layout, path = found
+    data = _read(path) if data is None else data
+    module = _parse(path, data)
+    cls = _class(module, layout.class_name)
+    method = cls and _method(cls, "init_cuda_graph_state")
+    if method is None:
+        raise ToolError(f"{path}: not recognised: {layout.class_name}.init_cuda_graph_state not found")
+    calls = _page_table_allocations(method)
+    if len(calls) != 1 or len(calls[0].args) < 2:
+        raise ToolError(
+            f"{path}:{method.lineno}: not recognised: expected exactly one "
+            f"torch.zeros(rows, width, ...) for page_table in "
+            f"{layout.class_name}.init_cuda_graph_state, found {len(calls)}"
+        )
+    arg = calls[0].args[1]
+    lines = data.splitlines(keepends=True)
+    start = _byte_offset(lines, arg.lineno, arg.col_offset)
+    end = _byte_offset(lines, arg.end_lineno, arg.end_col_offset)
+    found_expr = data[start:end].decode("utf-8", "replace")
+    method_text = data[_byte_offset(lines, method.lineno, 0) : start]
+    patched_here = found_expr == width.PAGE_TABLE_WIDTH_EXPR and _lines_above(
+        lines, arg.lineno, len(PAGE_TABLE_COMMENT)
+    ) == list(PAGE_TABLE_COMMENT)
+    return Site(
+        bug=Bug.PAGE_TABLE,
+        path=path,
+        data=data,
+        line_start=_byte_offset(lines, arg.lineno, 0),
+        start=start,
+        end=end,
+        lineno=arg.lineno,
+        comment=PAGE_TABLE_COMMENT,
+        replacement=width.PAGE_TABLE_WIDTH_EXPR,
+        found=found_expr,
+        patched_here=patched_here,
+        fixed_upstream=not patched_here and _resolves_to_pool_width(found_expr, method_text),
+    )
+
+
+# ------------------------------------------------------------------------------ bug #2
+
+
+def row_sizing_file(tree: SglangTree) -> Optional[Path]:
+    for relative in backends.ROW_SIZING_FILES:
+        path = tree.file(relative)
+        if _is_file(path) and f"def {backends.ROW_SIZING_FUNCTION}(".encode() in _read(path):
+            return path
+    return None
+
+
+def has_spec_v2_reservation(tree: SglangTree) -> bool:
+    """Releases before the sizing function: is the spec-v2 decode reservation there at all?"""
+    return _is_file(tree.file(backends.SPEC_V2_DECODE_FILE))
+
+
+def row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
+    """Bug #2's site, or None where the release has no row sizing function. ToolError if unrecognised."""
+    path = row_sizing_file(tree)
+    if path is None:
+        return None
+    data = _read(path) if data is None else data
+    module = _parse(path, data)
+    functions = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
+    function = functions.get(backends.ROW_SIZING_FUNCTION)
+    last = function.body[-1] if function and function.body else None
+    if (
+        backends.RESERVE_FUNCTION not in functions
+        or not isinstance(last, ast.Return)
+        or not isinstance(last.value, ast.Name)
+    ):
+        raise ToolError(
+            f"{path}: not recognised: expected {backends.ROW_SIZING_FUNCTION} ending in "
+            f"`return <name>` beside {backends.RESERVE_FUNCTION}"
+        )
+    variable = last.value.id
+    # 0.5.13 - 0.5.16 pass server_args along; 0.5.23 reads global bags and takes no argument.
+    params = [a.arg for a in function.args.args]
+    call_args = "server_args" if "server_args" in params else ""
+    margin = width.committed_margin(tree.version)
+    replacement = f"{variable} = max({variable}, {backends.RESERVE_FUNCTION}({call_args}) - {margin})"
+    comment = row_comment(margin)
+    lines = data.splitlines(keepends=True)
+    start = _byte_offset(lines, last.lineno, last.col_offset)
+    above = _lines_above(lines, last.lineno, len(comment) + 1)
+    return Site(
+        bug=Bug.ROW_OVERFLOW,
+        path=path,
+        data=data,
+        line_start=_byte_offset(lines, last.lineno, 0),
+        start=start,
+        end=start,
+        lineno=last.lineno,
+        comment=comment,
+        replacement=replacement,
+        found=f"return {variable}",
+        patched_here=above == [*comment, replacement],
+    )
+
+
+LOCATORS = {Bug.PAGE_TABLE: page_table_site, Bug.ROW_OVERFLOW: row_site}
+
+
+def site_in(site: Site, tree: SglangTree, data: bytes) -> Optional[Site]:
+    """The same bug's site in other bytes of the same file (a backup), or None."""
+    try:
+        return LOCATORS[site.bug](tree, data)
+    except ToolError:
+        return None

@@ -1,0 +1,71 @@
+"""Find the sglang tree to work on and read its version, without importing sglang."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from sglang_dsa_fix.backends import VERSION_FILES
+
+
+class ToolError(Exception):
+    """Bad input or an environment we cannot work on: one line, exit 2, nothing written."""
+
+
+@dataclass(frozen=True)
+class SglangTree:
+    package_parent: Path  # checkout/python or site-packages: the directory holding ``sglang/``
+    version: Optional[str]
+
+    @property
+    def package(self) -> Path:
+        return self.package_parent / "sglang"
+
+    def file(self, relative: str) -> Path:
+        """A file under ``sglang/``, e.g. ``srt/mem_cache/common.py``."""
+        return self.package / relative
+
+    def repo_relative(self, path: Path) -> str:
+        """Path as it appears in an sglang git checkout (for diffs)."""
+        return "python/" + path.relative_to(self.package_parent).as_posix()
+
+
+def find_tree(root: Optional[str]) -> SglangTree:
+    """An sglang source checkout, a site-packages directory, or (None) the importable sglang."""
+    if root is None:
+        spec = importlib.util.find_spec("sglang")
+        if spec is None or not spec.submodule_search_locations:
+            raise ToolError("sglang is not importable here; pass --sglang-root DIR")
+        package_parent = Path(list(spec.submodule_search_locations)[0]).parent
+    else:
+        base = Path(root)
+        try:
+            if not base.is_dir():
+                raise ToolError(f"{root}: no such directory")
+            candidates = [base / "python", base]
+            package_parent = next((c for c in candidates if (c / "sglang" / "srt").is_dir()), None)
+        except PermissionError as exc:
+            raise ToolError(f"{root}: cannot read ({exc.strerror})") from None
+        if package_parent is None:
+            raise ToolError(
+                f"{root}: not an sglang tree (expected python/sglang/srt/ for a checkout or "
+                "sglang/srt/ for site-packages)"
+            )
+    package_parent = package_parent.resolve()
+    return SglangTree(package_parent, read_version(package_parent / "sglang"))
+
+
+def read_version(package: Path) -> Optional[str]:
+    # _version.py (setuptools-scm, 0.5.9+) or version.py (older).
+    for name in VERSION_FILES:
+        try:
+            text = (package / name).read_text(errors="replace")
+        except OSError:
+            continue
+        match = re.search(r"^__version__\s*=\s*(?:version\s*=\s*)?[\"']([^\"']+)", text, re.M)
+        if match:
+            return match.group(1)
+    return None

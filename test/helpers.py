@@ -1,0 +1,81 @@
+"""Helpers shared by the patch-tool, status and CLI tests: a disposable copy of the real sglang
+files the tool reads, the CLI run in-process, and tree snapshots (bytes, owner, mode)."""
+
+import contextlib
+import hashlib
+import io
+import os
+import shutil
+import tempfile
+import unittest
+from pathlib import Path
+
+from sglang_dsa_fix import backends, cli, sites, tree
+
+INSTALLED = tree.find_tree(None)
+PAGE_TABLE_SITE = sites.page_table_site(INSTALLED)
+ROW_SITE = sites.row_site(INSTALLED)
+
+
+def run_cli(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(list(argv))
+        except SystemExit as exc:  # argparse
+            rc = exc.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+def snapshot(root: Path) -> dict:
+    """Every file and directory under root: sha256 (files), owner, group and mode."""
+    state = {}
+    for p in sorted([root, *root.rglob("*")]):
+        st = p.lstat()
+        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and os.access(p, os.R_OK) else None
+        state[p.relative_to(root).as_posix()] = (digest, st.st_uid, st.st_gid, st.st_mode)
+    return state
+
+
+class PatchToolTestCase(unittest.TestCase):
+    layout = "checkout"  # or "site-packages"
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="dsa-fix-test-"))
+        self.addCleanup(self._cleanup)
+        parent = self.tmp / "python" if self.layout == "checkout" else self.tmp
+        for rel in backends.FILES_READ:
+            src = INSTALLED.package / rel
+            if src.exists():
+                dst = parent / "sglang" / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dst)
+        self.package = parent / "sglang"
+        self.backend = self.package / PAGE_TABLE_SITE.path.relative_to(INSTALLED.package)
+        self.sizing = self.package / ROW_SITE.path.relative_to(INSTALLED.package)
+        self.original = self.backend.read_bytes()
+        self.original_sizing = self.sizing.read_bytes()
+
+    def _cleanup(self):
+        for path in [self.tmp, *self.tmp.rglob("*")]:
+            if path.is_dir() and not path.is_symlink():
+                path.chmod(0o755)
+        shutil.rmtree(self.tmp)
+
+    def cli(self, command, *extra):
+        return run_cli(command, "--sglang-root", str(self.tmp), *extra)
+
+    def assertRefused(self, command, message_part, root=None, *extra):
+        before = snapshot(self.tmp)
+        rc, out, err = run_cli(command, "--sglang-root", str(root or self.tmp), *extra)
+        self.assertEqual(rc, 2, (out, err))
+        self.assertIn(message_part, err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(out, "")
+        self.assertEqual(snapshot(self.tmp), before, f"{command} changed files")
+
+    def edit(self, path: Path, old: bytes, new: bytes, count=1):
+        data = path.read_bytes()
+        self.assertIn(old, data)
+        path.write_bytes(data.replace(old, new, count))

@@ -1,0 +1,167 @@
+"""Regression tests for bug #2: the spec-v2 decode reservation writes past a request's
+``req_to_token`` row into the next request's row.
+
+Real sglang code of the installed release drives each case (``proof.row_overflow``): the row
+sizing, ``ReqToTokenPool``, the token allocator, ``ChunkCache``, ``Req``, ``ScheduleBatch``,
+the spec-v2 prepare and its Triton kernel ``assign_req_to_token_pool`` (Triton's CPU
+interpreter on CPU), and ``release_kv_cache``; the neighbour row holds a canary.
+
+- pristine: the reservation writes exactly ``width.row_overflow_columns`` columns past the row
+  end (D - 7 from D 8 on 0.5.13 / 0.5.14 with overlap on), and they land on the canary;
+- runtime fix (the plugin's hook body) and in-tree patch (a patched temporary copy of the
+  installed file): never past the row end, canary intact, every KV slot back in the allocator.
+
+The fast tier covers the boundary (D 7, 8, 9, 16); SGLANG_DSA_FIX_FULL=1 sweeps D 2..16 ×
+page 1/64 × overlap on/off × context 256 / 163840 × prompts around the clamp × accept 1 / D.
+"""
+
+import itertools
+import os
+import unittest
+
+from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
+from sglang.test.test_utils import CustomTestCase
+
+from sglang_dsa_fix import runtime_fix, width
+from sglang_dsa_fix.proof import row_overflow
+from sglang_dsa_fix.proof.patched_copy import patched_copy
+from sglang_dsa_fix.proof.replay import installed_version
+
+register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
+register_cuda_ci(est_time=60, suite="stage-b-test-small-1-gpu")
+
+FULL = os.environ.get("SGLANG_DSA_FIX_FULL") == "1"
+VERSION = installed_version()
+SIZING = row_overflow._sizing_module()
+
+
+def cases():
+    if FULL:
+        draft_tokens, contexts, accepts = range(2, 17), (256, 163840), ("1", "D")
+    else:
+        draft_tokens, contexts, accepts = (7, 8, 9, 16), (256,), ("1",)
+    for D, page, overlap, C, accept in itertools.product(
+        draft_tokens, (1, 64), (True, False), contexts, accepts
+    ):
+        # Prompts around the clamp: the request's whole decode (C 256), or its last few steps.
+        remaining = (2, D + 1, 2 * D + 3) if FULL else (2 * D + 3,)
+        prompts = [100] if C == 256 else []
+        prompts += [C - 2 - r for r in remaining if C - 2 - r > 0]
+        for prompt in prompts:
+            yield row_overflow.RowCase(C, D, page, overlap, prompt, accept_len=1 if accept == "1" else D)
+
+
+def shape_of(case):
+    return width.SpecShape(
+        case.context_len, case.num_draft_tokens, case.steps, case.topk, case.page_size, overlap=case.overlap
+    )
+
+
+def runtime_fixed_sizing():
+    """The installed sizing function with the plugin's AFTER-hook body applied, as HookRegistry does."""
+    hook = runtime_fix.row_extra_fix(SIZING.__name__, VERSION)
+    original = SIZING.get_req_to_token_extra_context_len
+    return lambda *args, **kwargs: hook(original(*args, **kwargs), *args, **kwargs)
+
+
+class TestPristineRowOverflow(CustomTestCase):
+    """The bug, on the real code: must fail on an affected release (0.5.13 - 0.5.23 at page 1)."""
+
+    def test_reservation_writes_past_the_row_exactly_as_the_rule_says(self):
+        overflowing = 0
+        for case in cases():
+            with self.subTest(case=case):
+                result = row_overflow.run(case)
+                expected = width.row_overflow_columns(VERSION, shape_of(case))
+                if case.accept_len == 1 and case.context_len - 2 - case.prompt_len >= 2:
+                    # accept 1 reaches the bound: the last prepare sees context_len - margin.
+                    margin = width.committed_margin(VERSION, case.overlap)
+                    self.assertEqual(result.last_committed, case.context_len - margin)
+                    self.assertEqual(result.columns_past_row_end, expected)
+                else:
+                    self.assertLessEqual(result.columns_past_row_end, expected)
+                # Whatever passed the row end landed on the next request's row.
+                self.assertEqual(result.canary_clobbered, result.columns_past_row_end)
+                overflowing += result.columns_past_row_end > 0
+        self.assertGreater(overflowing, 0)
+
+    def test_d8_overwrites_the_neighbour_on_0_5_14(self):
+        result = row_overflow.run(row_overflow.RowCase(256, 8, 1, True, 100))
+        expected = width.row_overflow_columns(VERSION, shape_of(result.case))
+        self.assertEqual((result.columns_past_row_end, result.canary_clobbered), (expected, expected))
+        if VERSION in ("0.5.13", "0.5.14"):
+            self.assertEqual(expected, 1)
+            self.assertEqual(result.leaked_slots, 1)  # the overflowed slot is never freed (page 1)
+
+    def test_canary_check_can_fail(self):
+        # The observer itself: a write into the neighbour row must be counted.
+        result = row_overflow.run(row_overflow.RowCase(256, 7, 1, True, 100))
+        self.assertTrue(result.clean, result)  # D 7 fits on every release
+        reserve = width.reserve_per_decode(shape_of(result.case), VERSION)
+        self.assertEqual(result.furthest_column, result.last_committed + reserve - 1)
+
+
+class _FixedRowTests:
+    def sizing(self):
+        raise NotImplementedError
+
+    def test_no_write_past_the_row_and_every_slot_freed(self):
+        for case in cases():
+            with self.subTest(case=case):
+                result = row_overflow.run(case, self.sizing())
+                self.assertTrue(result.clean, result)
+                self.assertEqual(
+                    result.row_extra,
+                    max(
+                        width.pristine_row_extra(VERSION, shape_of(case)),
+                        width.row_extra_floor(2 * width.alloc_len_per_decode(shape_of(case)), VERSION),
+                    ),
+                )
+
+
+class TestRuntimeFixRow(_FixedRowTests, CustomTestCase):
+    def sizing(self):
+        return runtime_fixed_sizing()
+
+
+class TestInTreePatchRow(_FixedRowTests, CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._patched = patched_copy()
+        cls.patched_sizing = staticmethod(cls._patched.__enter__().sizing_function)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._patched.__exit__(None, None, None)
+
+    def sizing(self):
+        return self.patched_sizing
+
+
+class TestRowRuleAgainstSglang(CustomTestCase):
+    """width.pristine_row_extra / alloc_len_per_decode (status's arithmetic) vs the real functions."""
+
+    def test_mirror_equals_the_release(self):
+        for D, page, topk, algorithm in itertools.product(
+            (2, 8, 12, 64), (1, 64), (1, 4, 8), ("EAGLE", "NGRAM")
+        ):
+            steps = max(1, D - 1) if topk == 1 else 3
+            case = row_overflow.RowCase(
+                256, D, page, True, 100, topk=topk, num_steps=steps, algorithm=algorithm
+            )
+            args = row_overflow.server_args_for(case)
+            shape = width.SpecShape(256, D, steps, topk, page, has_draft_kv=algorithm != "NGRAM")
+            with (
+                self.subTest(D=D, page=page, topk=topk, algorithm=algorithm),
+                row_overflow.global_server_args(args),
+            ):
+                self.assertEqual(
+                    SIZING.get_req_to_token_extra_context_len(args), width.pristine_row_extra(VERSION, shape)
+                )
+                self.assertEqual(
+                    SIZING.get_alloc_reserve_per_decode(args), width.reserve_per_decode(shape, VERSION)
+                )
+
+
+if __name__ == "__main__":
+    unittest.main()
