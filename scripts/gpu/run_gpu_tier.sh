@@ -40,7 +40,7 @@ cat "$results/env.txt"
 
 run_tier() {  # name, pytest node ids...
   local name="$1"; shift
-  SGLANG_DSA_FIX_RESULTS="$results/cases.jsonl" timeout "${TIER_TIMEOUT:-300}" \
+  SGLANG_DSA_FIX_FULL=1 SGLANG_DSA_FIX_RESULTS="$results/cases.jsonl" timeout "${TIER_TIMEOUT:-300}" \
     "$python" -m pytest -q -rs -p no:cacheprovider --junitxml="$results/junit-$name.xml" "$@" \
     2>&1 | tee -a "$results/gpu-tier.log"
 }
