@@ -78,6 +78,13 @@ def run_status(args) -> tuple[dict, str, int]:
 
 
 def run_demo(args) -> tuple[dict, str, int]:
+    import os
+
+    import torch
+
+    if args.device != "cuda" and not torch.cuda.is_available():
+        # sglang's Triton kernels run on CPU under Triton's interpreter: set before triton loads.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     from sglang_dsa_fix.proof import demo
 
     code = demo.run(

@@ -32,7 +32,7 @@ register_cuda_ci(est_time=60, suite="stage-b-test-small-1-gpu")
 
 FULL = os.environ.get("SGLANG_DSA_FIX_FULL") == "1"
 VERSION = installed_version()
-SIZING = row_overflow._sizing_module()
+SIZING = row_overflow.sizing_module()
 
 
 def cases():

@@ -81,7 +81,7 @@ def require_interpreter() -> None:
         raise RuntimeError("set TRITON_INTERPRET=1 before importing triton to run the kernels on CPU")
 
 
-def _sizing_module():
+def sizing_module():
     for name in ("sglang.srt.mem_cache.allocation_sizing", "sglang.srt.mem_cache.common"):
         try:
             module = importlib.import_module(name)
@@ -187,7 +187,7 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     server_args = server_args_for(case)
-    sizing = sizing_function or _sizing_module().get_req_to_token_extra_context_len
+    sizing = sizing_function or sizing_module().get_req_to_token_extra_context_len
     with global_server_args(server_args):
         try:
             extra = sizing(server_args)
