@@ -44,6 +44,8 @@ ROW_DRIVER_LAYOUT = (
     "0.5.17+ moved kv_committed_len into Req.kv and the prepare's flags into runtime-context "
     "bags; the CPU driver (proof/row_overflow.py) covers the 0.5.13 - 0.5.16 layouts"
 )
+UPSTREAM_LAYOUT = "the upstream-form tests are written for the 0.5.13 - 0.5.14 module layout"
+UPSTREAM_TESTS = sorted((REPO / "upstream" / "test").rglob("test_*.py"))
 AFFECTED, FIXED_UPSTREAM, NOT_APPLICABLE, NOT_COVERED = (
     "affected",
     "fixed upstream",
@@ -60,6 +62,7 @@ class Release:
     cpu_tier: str | None = None  # None: run bug #1's tier; else why not
     row_tier: str | None = None  # None: run bug #2's tier; else why not
     plugin: bool = False  # plugin API present (0.5.11+)
+    upstream_tests: str | None = UPSTREAM_LAYOUT  # None: run upstream/ tests; else why not
 
 
 RELEASES = [
@@ -68,8 +71,8 @@ RELEASES = [
     Release("0.5.10", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier="row sized inline"),
     Release("0.5.11", AFFECTED, NOT_COVERED, row_tier="row sized inline", plugin=True),
     Release("0.5.12", AFFECTED, NOT_COVERED, row_tier="row sized inline", plugin=True),
-    Release("0.5.13", AFFECTED, AFFECTED, plugin=True),
-    Release("0.5.14", AFFECTED, AFFECTED, plugin=True),  # the project's base environment
+    Release("0.5.13", AFFECTED, AFFECTED, plugin=True, upstream_tests=None),
+    Release("0.5.14", AFFECTED, AFFECTED, plugin=True, upstream_tests=None),  # the base environment
     Release("0.5.15", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     Release("0.5.16", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     Release(
@@ -188,6 +191,35 @@ def run_pytest(row: Row, name: str, site: Path | None, target: str, full: bool) 
         print(proc.stdout[-4000:], proc.stderr[-2000:], sep="\n")
 
 
+def check_upstream_tests(row: Row, tree, site: Path | None) -> None:
+    """Each upstream-form test must fail on the pristine release and pass on a patched copy."""
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(tree.package, Path(tmp) / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+        source_patch.apply(trees.find_tree(tmp))
+        for test in UPSTREAM_TESTS:
+            for label, path, want in (("pristine fails", site, 1), ("patched passes", Path(tmp), 0)):
+                env = {**env_for(path), "TRITON_INTERPRET": "1"}
+                proc = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pytest",
+                        "-q",
+                        "-p",
+                        "no:cacheprovider",
+                        "-p",
+                        "no:warnings",
+                        str(test),
+                    ],
+                    cwd=REPO,  # not tmp: the copy there must only be reached through PYTHONPATH
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
+                last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
+                row.add(f"upstream {test.stem}: {label}", proc.returncode == want, last)
+
+
 def check_plugin_decisions(row: Row, release: Release, site: Path | None) -> None:
     """What the plugin would do on this release (found, not imported), and status --json."""
     code = (
@@ -245,6 +277,10 @@ def main(argv=None) -> int:
                 run_pytest(row, name, site, target, args.full)
             else:
                 row.add(name, True, f"skipped: {reason}")
+        if release.upstream_tests is None:
+            check_upstream_tests(row, tree, site)
+        else:
+            row.add("upstream-form tests", True, f"skipped: {release.upstream_tests}")
         if base:
             row.add("plugin in spawned processes", True, "run by the main test suite (base environment)")
         elif release.plugin:
