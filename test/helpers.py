@@ -32,7 +32,11 @@ def snapshot(root: Path) -> dict:
     state = {}
     for p in sorted([root, *root.rglob("*")]):
         st = p.lstat()
-        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and os.access(p, os.R_OK) else None
+        digest = None
+        if p.is_file() and os.access(p, os.R_OK):
+            # open(), not Path.read_bytes: tests inject read errors into the tool through the latter.
+            with open(p, "rb") as handle:
+                digest = hashlib.sha256(handle.read()).hexdigest()
         state[p.relative_to(root).as_posix()] = (digest, st.st_uid, st.st_gid, st.st_mode)
     return state
 

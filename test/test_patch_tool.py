@@ -309,6 +309,23 @@ class TestBadInput(PatchToolTestCase):
             with self.subTest(command=command):
                 self.assertRefused(command, "cannot read")
 
+    def test_permission_denied_reading_is_one_line(self):
+        # As root nothing is unreadable, so the OS error is injected where the tool reads.
+        from pathlib import Path as RealPath
+        from unittest import mock
+
+        real_read = RealPath.read_bytes
+
+        def read_bytes(path):
+            if path.name == self.backend.name:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_read(path)
+
+        with mock.patch.object(RealPath, "read_bytes", read_bytes):
+            for command in ("check", "apply", "diff", "status"):
+                with self.subTest(command=command):
+                    self.assertRefused(command, "cannot read (Permission denied)")
+
     def test_disk_full_on_the_second_file_changes_nothing(self):
         real_write = source_patch._write
         calls = []

@@ -94,6 +94,16 @@ class TestStatus(PatchToolTestCase):
             report = self.report(*SHAPE, expect_rc=0)
         self.assertEqual(self.bug(report, "page_table")["fix_live"], "plugin")
 
+    def test_ray_launch_path_is_named(self):
+        self.install_plugin_metadata()
+        report = self.report()
+        self.assertTrue(
+            any("RayEngine" in note for note in report["plugin"]["not_loaded_by"]), report["plugin"]
+        )
+        actor = self.package / "srt/ray/scheduler_actor.py"
+        actor.write_bytes(actor.read_bytes() + b"\n# load_plugins() called here in a fixed release\n")
+        self.assertEqual(self.report()["plugin"]["not_loaded_by"], [])
+
     def test_release_without_plugin_api_is_told_to_apply(self):
         self.install_plugin_metadata()
         (self.package / "srt" / "plugins" / "hook_registry.py").unlink()

@@ -53,6 +53,10 @@ LAYOUTS = (
     ),
 )
 
+# Launch paths that build a Scheduler without calling load_plugins(): the plugin never runs
+# there (0.5.11 - 0.5.23 ray/scheduler_actor.py:104, 0.5.23 :113). Found by reading the file.
+PLUGINLESS_LAUNCHERS = {"srt/ray/scheduler_actor.py": "RayEngine (sglang.srt.ray)"}
+
 VERSION_FILES = ("_version.py", "version.py")
 PLUGIN_API_FILE = "srt/plugins/hook_registry.py"
 # Every file under ``sglang/`` the tool reads: enough to copy for a disposable test tree.
@@ -62,4 +66,5 @@ FILES_READ = (
     *ROW_SIZING_FILES,
     SPEC_V2_DECODE_FILE,
     PLUGIN_API_FILE,
+    *PLUGINLESS_LAUNCHERS,
 )

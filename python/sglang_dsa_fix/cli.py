@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from sglang_dsa_fix import __version__, source_patch
@@ -78,8 +79,6 @@ def run_status(args) -> tuple[dict, str, int]:
 
 
 def run_demo(args) -> tuple[dict, str, int]:
-    import os
-
     import torch
 
     if args.device != "cuda" and not torch.cuda.is_available():
@@ -180,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `sglang-dsa-fix status | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PROTECTED
+
+
+def _main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     _Parser.json_requested = "--json" in argv
     parser = build_parser()

@@ -90,8 +90,17 @@ def plugin_installed_here() -> bool:
 def plugin_report(tree, own_environment: bool) -> dict:
     api = tree.file(backends.PLUGIN_API_FILE).is_file()
     installed = plugin_installed_here() if own_environment else plugin_installed_in(tree.package_parent)
+    bypass = [
+        name
+        for relative, name in backends.PLUGINLESS_LAUNCHERS.items()
+        if tree.file(relative).is_file() and b"load_plugins" not in tree.file(relative).read_bytes()
+    ]
     return {
         "installed": installed,
+        "not_loaded_by": [
+            f"{name}: builds its schedulers without load_plugins(); use `sglang-dsa-fix apply`"
+            for name in bypass
+        ],
         "where": "this Python's environment" if own_environment else str(tree.package_parent),
         "sglang_has_plugin_api": api,
         "live": installed and api,
@@ -243,6 +252,7 @@ def render(report: dict) -> str:
         + ("" if p["sglang_has_plugin_api"] else " (this sglang has no plugin API)")
         + (f"; {p['kill_switch']}" if p["live"] else "")
     )
+    lines += [f"  plugin not loaded by {note}" for note in p["not_loaded_by"] if p["live"]]
     for bug in report["bugs"]:
         title = Bug(bug["bug"]).title
         where = f" ({bug['file']}:{bug['line']}: `{bug['found']}`)" if "file" in bug else ""
