@@ -130,6 +130,7 @@ def engine_kwargs(args, model: Path) -> dict:
         # The variants' engines stay up side by side so control reps can alternate between them;
         # an idle scheduler otherwise spins a CPU core (scheduler_components/idle_sleeper.py).
         sleep_on_idle=True,
+        tp_size=getattr(args, "tp_size", 1),
         log_level="info",
     )
 
@@ -541,6 +542,7 @@ def forward_args(args, port: int) -> list:
         "control_max_new",
         "phase_timeout",
         "start_timeout",
+        "tp_size",
     ):
         out += ["--" + key.replace("_", "-"), str(getattr(args, key))]
     return out + (["--server"] if args.server else [])
@@ -667,6 +669,7 @@ def main(argv=None) -> int:
     parser.add_argument("--context-len", type=int, default=512)
     parser.add_argument("--speculative-num-steps", type=int, default=4, help="D = steps + 1")
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--tp-size", type=int, default=1, help="tensor parallel size (GPUs per engine)")
     parser.add_argument("--soak", type=int, default=64, help="boundary-crossing requests")
     parser.add_argument("--control-requests", type=int, default=32)
     parser.add_argument("--control-max-new", type=int, default=192)
