@@ -131,6 +131,8 @@ def engine_kwargs(args, model: Path) -> dict:
         # an idle scheduler otherwise spins a CPU core (scheduler_components/idle_sleeper.py).
         sleep_on_idle=True,
         tp_size=getattr(args, "tp_size", 1),
+        dp_size=getattr(args, "dp_size", 1),
+        enable_dp_attention=getattr(args, "enable_dp_attention", False),
         log_level="info",
     )
 
@@ -543,9 +545,14 @@ def forward_args(args, port: int) -> list:
         "phase_timeout",
         "start_timeout",
         "tp_size",
+        "dp_size",
     ):
         out += ["--" + key.replace("_", "-"), str(getattr(args, key))]
-    return out + (["--server"] if args.server else [])
+    return (
+        out
+        + (["--server"] if args.server else [])
+        + (["--enable-dp-attention"] if args.enable_dp_attention else [])
+    )
 
 
 def run_all(names, args, work: Path):
@@ -670,6 +677,10 @@ def main(argv=None) -> int:
     parser.add_argument("--speculative-num-steps", type=int, default=4, help="D = steps + 1")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--tp-size", type=int, default=1, help="tensor parallel size (GPUs per engine)")
+    parser.add_argument(
+        "--dp-size", type=int, default=1, help="data parallel size (with --enable-dp-attention)"
+    )
+    parser.add_argument("--enable-dp-attention", action="store_true")
     parser.add_argument("--soak", type=int, default=64, help="boundary-crossing requests")
     parser.add_argument("--control-requests", type=int, default=32)
     parser.add_argument("--control-max-new", type=int, default=192)
