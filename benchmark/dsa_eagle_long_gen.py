@@ -731,10 +731,14 @@ def main(argv=None) -> int:
         itl = f"{r['itl_ms_p50']:.2f}/{r['itl_ms_p99']:.2f}" if r["itl_ms_p50"] is not None else "-"
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] is not None else "-"
         mem = f"{r['gpu_mem_after_start_mib']}/{r['peak_gpu_mem_mib']}"
+        done, asked, table = (
+            "-" if r[k] is None else r[k]
+            for k in ("boundary_completed", "boundary_requests", "page_table_bytes_computed")
+        )  # a variant that never started has no numbers: a clean row of dashes
         print(
-            f"{r['variant']:<8} {r['boundary_completed']:>6}/{r['boundary_requests']:<6} "
-            f"{median if median is None else round(median):>17} {acc:>6} {itl:>15} {mem:>14} "
-            f"{r['page_table_bytes_computed']:>12}  {r['crash'] or '-'}"
+            f"{r['variant']:<8} {done:>6}/{asked:<6} "
+            f"{'-' if median is None else round(median):>17} {acc:>6} {itl:>15} {mem:>14} "
+            f"{table:>12}  {r['crash'] or '-'}"
         )
     for r in rows:
         ratio = r.get("control_ratio_vs_none")
