@@ -2,8 +2,9 @@
 
 Reproduces the users' symptom with the real engine: EAGLE (steps 4, topk 1, D 5), CUDA graphs
 and the overlap scheduler on, acceptance forced with SGLANG_SIMULATE_ACC_LEN, and requests whose
-last verify overshoots context_len. Each variant runs in its own process (a crashed scheduler
-leaves clients blocked), all in this one run:
+last verify overshoots context_len. Each variant runs in its own worker process
+(``long_gen_worker.py``; a crashed scheduler leaves clients blocked), all in this one run; this
+file is the parent (variants, ABBA reps, report):
 
   none     the installed sglang as is (expected: the size-mismatch crash)
   apply    the in-tree patch, applied to a temporary copy of the installed sglang
@@ -28,11 +29,8 @@ Needs a CUDA GPU with sglang 0.5.14 (scripts/gpu/env.sh sets up an offline host)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import math
 import os
-import random
 import re
 import shutil
 import signal
@@ -44,7 +42,15 @@ import threading
 import time
 from pathlib import Path
 
+from long_gen_worker import (
+    add_engine_arguments,
+    draft_tokens,
+    forward_args,
+    variant_env,
+)
+
 REPO = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("long_gen_worker.py")
 
 # What the plugin logs in a scheduler once it widened the buffer (sglang_dsa_fix/plugin.py):
 # present in the plugin variant's log, absent from the others', or the run is not a comparison.
@@ -52,281 +58,6 @@ WIDENED_LINE = "sglang-dsa-fix: CUDA-graph page_table widened"
 CRASH_PATTERN = re.compile(
     r"RuntimeError: The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)[^\n]*"
 )
-
-
-# ---------------------------------------------------------------------------- the model
-def write_model(directory: Path, context_len: int) -> Path:
-    """A 1-layer DeepSeek-V3.2 (DSA) config that fits sm90 kernels' hard constraints."""
-    config = {
-        "architectures": ["DeepseekV32ForCausalLM"],
-        "model_type": "deepseek_v32",
-        "vocab_size": 2048,  # > 100: forced acceptance predicts token id 100
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "moe_intermediate_size": 128,
-        "num_hidden_layers": 1,
-        "num_nextn_predict_layers": 1,  # the EAGLE/MTP draft layer (MoE, DSA)
-        "first_k_dense_replace": 1,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 16,
-        "q_lora_rank": 256,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-        "index_head_dim": 128,
-        "index_n_heads": 64,
-        "index_topk": 2048,
-        "n_routed_experts": 6,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "n_group": 1,
-        "topk_group": 1,
-        "topk_method": "noaux_tc",
-        "scoring_func": "sigmoid",
-        "norm_topk_prob": True,
-        "routed_scaling_factor": 2.5,
-        "moe_layer_freq": 1,
-        "ep_size": 1,
-        "hidden_act": "silu",
-        "max_position_embeddings": max(4096, context_len),
-        "rope_theta": 10000,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "initializer_range": 0.02,
-        "tie_word_embeddings": False,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "use_cache": True,
-        "torch_dtype": "bfloat16",
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
-    return directory
-
-
-def engine_kwargs(args, model: Path) -> dict:
-    return dict(
-        model_path=str(model),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        context_length=args.context_len,
-        speculative_algorithm="EAGLE",
-        speculative_num_steps=args.speculative_num_steps,
-        speculative_eagle_topk=1,
-        speculative_num_draft_tokens=args.speculative_num_steps + 1,
-        kv_cache_dtype="fp8_e4m3",
-        dsa_prefill_backend="flashmla_kv",
-        dsa_decode_backend="flashmla_kv",
-        cuda_graph_backend_prefill="disabled",
-        cuda_graph_max_bs_decode=args.concurrency,
-        moe_runner_backend="triton",
-        disable_flashinfer_autotune=True,
-        max_total_tokens=16384,
-        max_running_requests=args.concurrency,
-        mem_fraction_static=0.5,
-        # The variants' engines stay up side by side so control reps can alternate between them;
-        # an idle scheduler otherwise spins a CPU core (scheduler_components/idle_sleeper.py).
-        sleep_on_idle=True,
-        tp_size=getattr(args, "tp_size", 1),
-        dp_size=getattr(args, "dp_size", 1),
-        enable_dp_attention=getattr(args, "enable_dp_attention", False),
-        log_level="info",
-    )
-
-
-def variant_env(args) -> dict:
-    D = args.speculative_num_steps + 1
-    return {
-        "SGLANG_SIMULATE_ACC_LEN": str(D),  # every verify accepts all D tokens
-        "SGLANG_SIMULATE_ACC_METHOD": "match-expected",
-        "SGLANG_IS_FLASHINFER_AVAILABLE": "false",  # pytorch sampling, no flashinfer JIT
-        "SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0",  # no FA3 dense prefill
-    }
-
-
-# ---------------------------------------------------------------------------- workload
-def boundary_lengths(context_len: int, D: int):
-    """(prompt, max_new) whose overlapped last verify reads past context_len.
-
-    Admission keeps prompt + max_new <= context_len - 2; with full acceptance the verify after
-    the finishing one sees seq_len - context_len = k*D - M - 2, k = ceil((M-1)/D): it crosses
-    iff k*D - M >= 3 (needs D >= 5).
-    """
-    for max_new in range(D + 1, 8 * D):
-        k = math.ceil((max_new - 1) / D)
-        if k * D - max_new >= 3:
-            return context_len - 2 - max_new, max_new
-    raise SystemExit(f"no boundary-crossing length for D={D}: needs speculative_num_steps >= 4")
-
-
-def make_requests(n: int, prompt_len: int, max_new, seed: int):
-    """max_new None: generate until the context is full (sglang clamps it to what fits)."""
-    rng = random.Random(seed)
-    params = {"max_new_tokens": max_new, "ignore_eos": True, "temperature": 0}
-    return [([rng.randrange(200, 2000) for _ in range(prompt_len)], params) for _ in range(n)]
-
-
-# ---------------------------------------------------------------------------- clients
-class EngineClient:
-    def __init__(self, args, model):
-        import sglang
-
-        self.engine = sglang.Engine(**engine_kwargs(args, model))
-
-    async def stream(self, input_ids, params):
-        times, meta = [], {}
-        generator = await self.engine.async_generate(input_ids=input_ids, sampling_params=params, stream=True)
-        async for chunk in generator:
-            times.append(time.perf_counter())
-            meta = chunk.get("meta_info", meta)
-        return times, meta
-
-
-class ServerClient:
-    def __init__(self, args, model, log):
-        import requests
-
-        self.requests = requests
-        self.port = args.port
-        cli = ["--port", str(args.port), "--host", "127.0.0.1"]
-        for key, value in engine_kwargs(args, model).items():
-            flag = "--" + key.replace("_", "-")
-            if value is True:
-                cli.append(flag)
-            elif value not in (False, None):
-                cli += [flag, str(value)]
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", *cli],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-        )
-        deadline = time.time() + args.start_timeout
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"launch_server exited with {self.process.returncode}")
-            try:
-                if requests.get(f"http://127.0.0.1:{self.port}/health", timeout=2).ok:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        raise RuntimeError("launch_server did not become healthy in time")
-
-    def _post(self, input_ids, params):
-        times, meta = [], {}
-        body = {"input_ids": input_ids, "sampling_params": params, "stream": True}
-        with self.requests.post(
-            f"http://127.0.0.1:{self.port}/generate", json=body, stream=True, timeout=(5, None)
-        ) as response:
-            response.raise_for_status()
-            for line in response.iter_lines():
-                if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
-                    times.append(time.perf_counter())
-                    meta = json.loads(line[5:]).get("meta_info", meta)
-        return times, meta
-
-    async def stream(self, input_ids, params):
-        return await asyncio.to_thread(self._post, input_ids, params)
-
-
-async def run_group(client, requests, concurrency: int, timeout: float) -> dict:
-    semaphore = asyncio.Semaphore(concurrency)
-    outcomes = []
-
-    async def one(input_ids, params):
-        async with semaphore:
-            start = time.perf_counter()
-            try:
-                times, meta = await client.stream(input_ids, params)
-                outcomes.append({"start": start, "times": times, "meta": meta, "error": None})
-            except Exception as exc:  # noqa: BLE001 - reported per request
-                outcomes.append({"start": start, "times": [], "meta": {}, "error": repr(exc)})
-
-    began = time.perf_counter()
-    tasks = [asyncio.ensure_future(one(*r)) for r in requests]
-    done, pending = await asyncio.wait(tasks, timeout=timeout)
-    for task in pending:
-        task.cancel()
-    wall = time.perf_counter() - began
-    finished = [
-        o
-        for o in outcomes
-        if o["error"] is None and (o["meta"].get("finish_reason") or {}).get("type") == "length"
-    ]
-    tokens = sum(o["meta"].get("completion_tokens", 0) for o in finished)
-    gaps = [b - a for o in finished for a, b in zip(o["times"], o["times"][1:])]
-    accept = [o["meta"]["spec_accept_length"] for o in finished if "spec_accept_length" in o["meta"]]
-    return {
-        "requests": len(requests),
-        "completed": len(finished),
-        "failed": len(requests) - len(finished),
-        "timed_out": len(pending),
-        "request_errors": sorted({o["error"] for o in outcomes if o["error"]})[:3],
-        "wall_s": wall,
-        "output_tokens": tokens,
-        "output_tok_per_s": tokens / wall if wall else 0.0,
-        "accept_length": statistics.mean(accept) if accept else None,
-        "gaps": gaps,  # inter-token intervals, pooled over the control reps by the worker
-    }
-
-
-# ---------------------------------------------------------------------------- worker
-def worker(args) -> int:
-    """One variant, in its own process: start the engine, then run the phases the parent asks
-    for on stdin ("control REP", "boundary"), saving the result file after each."""
-    result_path = Path(args.result)
-    result = {"variant": args.worker}
-
-    def save():
-        tmp = result_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result))
-        tmp.replace(result_path)  # the parent never reads half a file
-
-    model = write_model(Path(args.model_dir), args.context_len)
-    D = args.speculative_num_steps + 1
-    t0 = time.perf_counter()
-    client = ServerClient(args, model, sys.stderr) if args.server else EngineClient(args, model)
-    loop = asyncio.get_event_loop()  # the loop sglang.Engine's tokenizer manager runs on
-    loop.run_until_complete(run_group(client, make_requests(2, 16, 8, 0), 2, args.phase_timeout))  # warm-up
-    result.update(start_s=time.perf_counter() - t0, ready=True, control=[])
-    save()
-    gaps = []
-    for line in iter(sys.stdin.readline, ""):  # one command per line, as the parent sends it
-        command = line.split()
-        if command[:1] == ["control"]:
-            reqs = make_requests(args.control_requests, 64, args.control_max_new, 100 + int(command[1]))
-            summary = loop.run_until_complete(run_group(client, reqs, args.concurrency, args.phase_timeout))
-            gaps += summary.pop("gaps")
-            result["control"].append(summary)
-            result["control_itl_ms"] = itl_percentiles(gaps)
-            save()
-        elif command[:1] == ["boundary"]:
-            prompt, max_new = boundary_lengths(args.context_len, D)
-            result["boundary_prompt_len"], result["boundary_max_new"] = prompt, max_new
-            save()  # before the phase that crashes a pristine scheduler
-            # max_new_tokens None, the long-generation case: an explicit max_new_tokens is
-            # checked against context_len with the draft tokens added (0.5.14 rejects
-            # prompt + D + max_new > context_len), while None is clamped to
-            # context_len - prompt - 2 = max_new.
-            reqs = make_requests(args.soak, prompt, None, 7)
-            summary = loop.run_until_complete(run_group(client, reqs, args.concurrency, args.phase_timeout))
-            summary.pop("gaps")
-            result["boundary"] = summary
-            save()
-        else:
-            break
-    print(f"[{args.worker}] done", file=sys.stderr, flush=True)
-    os._exit(0)  # the parent tears the engine's process group down
-
-
-def itl_percentiles(gaps) -> dict:
-    if len(gaps) < 2:
-        return {"p50": None, "p99": None}
-    return {"p50": 1e3 * statistics.median(gaps), "p99": 1e3 * statistics.quantiles(gaps, n=100)[98]}
 
 
 # ---------------------------------------------------------------------------- parent
@@ -382,7 +113,7 @@ class Variant:
         self.log_path, self.result_path = work / f"{name}.log", work / f"{name}.json"
         cmd = [
             sys.executable,
-            __file__,
+            str(WORKER),
             "--worker",
             name,
             "--result",
@@ -519,7 +250,7 @@ def page_table_bytes(args) -> dict:
     req_to_token's)."""
     from sglang_dsa_fix import status, width
 
-    D = args.speculative_num_steps + 1
+    D = draft_tokens(args)
     spec = width.SpecShape(args.context_len, D, args.speculative_num_steps, page_size=64)
     report = status.collect(None, spec)
     pristine = next(b for b in report["bugs"] if b["bug"] == "page_table").get("shape", {})
@@ -531,28 +262,6 @@ def page_table_bytes(args) -> dict:
         "apply": rows * fixed_pool * 4,
         "plugin": rows * fixed_pool * 4,
     }
-
-
-def forward_args(args, port: int) -> list:
-    out = ["--port", str(port)]
-    for key in (
-        "context_len",
-        "speculative_num_steps",
-        "concurrency",
-        "soak",
-        "control_requests",
-        "control_max_new",
-        "phase_timeout",
-        "start_timeout",
-        "tp_size",
-        "dp_size",
-    ):
-        out += ["--" + key.replace("_", "-"), str(getattr(args, key))]
-    return (
-        out
-        + (["--server"] if args.server else [])
-        + (["--enable-dp-attention"] if args.enable_dp_attention else [])
-    )
 
 
 def run_all(names, args, work: Path):
@@ -672,35 +381,11 @@ def add_control_ratios(rows):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="none,plugin", help="none, apply, plugin (comma list)")
-    parser.add_argument("--server", action="store_true", help="launch_server + HTTP /generate")
-    parser.add_argument("--context-len", type=int, default=512)
-    parser.add_argument("--speculative-num-steps", type=int, default=4, help="D = steps + 1")
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--tp-size", type=int, default=1, help="tensor parallel size (GPUs per engine)")
-    parser.add_argument(
-        "--dp-size", type=int, default=1, help="data parallel size (with --enable-dp-attention)"
-    )
-    parser.add_argument("--enable-dp-attention", action="store_true")
-    parser.add_argument("--soak", type=int, default=64, help="boundary-crossing requests")
-    parser.add_argument("--control-requests", type=int, default=32)
-    parser.add_argument("--control-max-new", type=int, default=192)
+    add_engine_arguments(parser)
     parser.add_argument("--control-reps", type=int, default=10)
-    parser.add_argument("--phase-timeout", type=float, default=90, help="seconds per phase")
-    parser.add_argument(
-        "--start-timeout",
-        type=float,
-        default=420,
-        help="seconds for an engine to start (a cold JIT cache needs minutes)",
-    )
-    parser.add_argument("--port", type=int, default=30123, help="server mode: first variant's port")
     parser.add_argument("--jsonl", help="append one JSON line per variant to this file")
     parser.add_argument("--work-dir", help="keep logs here (default: a temporary directory)")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--result", help=argparse.SUPPRESS)
-    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        return worker(args)
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - {"none", "apply", "plugin"})
@@ -714,7 +399,7 @@ def main(argv=None) -> int:
     rows = run_all(variants, args, work)
     add_control_ratios(rows)
 
-    D = args.speculative_num_steps + 1
+    D = draft_tokens(args)
     print(
         f"\nEAGLE steps {args.speculative_num_steps}, topk 1, D {D}; context_len "
         f"{args.context_len}; concurrency {args.concurrency}; "

@@ -1,6 +1,6 @@
 """Bug #2 end to end: the spec-v2 decode reservation writes into the next request's row.
 
-The real engine on the tiny dummy-weight DSA model of ``dsa_eagle_long_gen.py``: EAGLE topk 1,
+The real engine on the tiny dummy-weight DSA model of ``long_gen_worker.py``: EAGLE topk 1,
 steps 7 / D 8, ``SGLANG_SIMULATE_ACC_LEN=1`` (one token per verify: kv_committed_len reaches the
 bound), context 256, two concurrent requests (prompts 100 and 20, max_new_tokens unset,
 ignore_eos). A benchmark-only plugin (``row_observer.py``) watches every row write and the next
@@ -32,14 +32,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from dsa_eagle_long_gen import (
-    ServerClient,
-    engine_kwargs,
-    install_entry_point,
-    install_plugin,
-    variant_env,
-    write_model,
-)
+from dsa_eagle_long_gen import install_entry_point, install_plugin
+from long_gen_worker import ServerClient, engine_kwargs, variant_env, write_model
 
 from sglang_dsa_fix import source_patch
 from sglang_dsa_fix import tree as trees
