@@ -2,7 +2,7 @@
 
 Reproduces the users' symptom with the real engine: EAGLE (steps 4, topk 1, D 5), CUDA graphs
 and the overlap scheduler on, acceptance forced with SGLANG_SIMULATE_ACC_LEN, and requests whose
-last verify overshoots context_len. Each variant runs in its own worker process
+last verify overshoots context_length. Each variant runs in its own worker process
 (``long_gen_worker.py``; a crashed scheduler leaves clients blocked), all in this one run; this
 file is the parent (variants, ABBA reps, report):
 
@@ -11,10 +11,10 @@ file is the parent (variants, ABBA reps, report):
   plugin   this package installed (entry point sglang.srt.plugins), sglang untouched
 
 The variants' engines start one after another and then stay up side by side. A control group
-that stays far below context_len runs --control-reps times on each, the reps alternating between
+that stays far below context_length runs --control-reps times on each, the reps alternating between
 the engines (ABBA) so that drift on the host hits every variant alike; fixed/pristine tok/s is
 reported rep by rep with its spread. Then each variant gets the boundary group (every request
-crosses context_len in its last verify; `--soak N` sets how many). Per variant: requests
+crosses context_length in its last verify; `--soak N` sets how many). Per variant: requests
 completed / failed (error text from the log), output tok/s, accept length, ITL p50/p99, wall
 time, GPU memory after start and at peak, page_table bytes; one JSON line each (--jsonl) and a
 table. Exit 0 only if every fixed variant completes every request and the pristine run
@@ -251,10 +251,10 @@ def page_table_bytes(args) -> dict:
     from sglang_dsa_fix import status, width
 
     D = draft_tokens(args)
-    spec = width.SpecShape(args.context_len, D, args.speculative_num_steps, page_size=64)
+    spec = width.SpecShape(args.context_length, D, args.speculative_num_steps, page_size=64)
     report = status.collect(None, spec)
     pristine = next(b for b in report["bugs"] if b["bug"] == "page_table").get("shape", {})
-    fixed_pool = args.context_len + width.fixed_row_extra(report["sglang_version"], spec)
+    fixed_pool = args.context_length + width.fixed_row_extra(report["sglang_version"], spec)
     rows = args.concurrency * D
     # "none" only where the tree is pristine (with a fix live, status reports the fixed width).
     return {
@@ -401,8 +401,8 @@ def main(argv=None) -> int:
 
     D = draft_tokens(args)
     print(
-        f"\nEAGLE steps {args.speculative_num_steps}, topk 1, D {D}; context_len "
-        f"{args.context_len}; concurrency {args.concurrency}; "
+        f"\nEAGLE steps {args.speculative_num_steps}, topk 1, D {D}; context_length "
+        f"{args.context_length}; concurrency {args.concurrency}; "
         f"{'launch_server' if args.server else 'Engine'}; {args.control_reps} control reps of "
         f"{args.control_requests} x {args.control_max_new} tokens; logs in {work}"
     )

@@ -1,13 +1,13 @@
 """Cost of one TARGET_VERIFY CUDA-graph replay update, pristine vs fixed, in the same run.
 
 The fix makes the graph page_table ``req_to_token.shape[1]`` wide instead of
-``context_len + D`` (4 more columns): this measures what that costs on the replay hot path,
+``context_length + D`` (4 more columns): this measures what that costs on the replay hot path,
 below the boundary where both work. The real backend's ``init_forward_metadata_out_graph``
 (what the cuda-graph runner calls before each ``graph.replay()``) is timed with CUDA events
 and with the host clock, pristine and fixed interleaved (A B A B ...) over rotated inputs,
 after a warm-up; kernel launches per update are counted with torch.profiler.
 
-    python benchmark/dsa_replay_cost.py [--context-len 163840] [--iters 400] [--json FILE]
+    python benchmark/dsa_replay_cost.py [--context-length 163840] [--iters 400] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def count_launches(update) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--context-len", type=int, default=163840)
+    parser.add_argument("--context-length", type=int, default=163840)
     parser.add_argument("--speculative-num-draft-tokens", type=int, default=5)
     parser.add_argument("--page-size", type=int, default=64)
     parser.add_argument("--bs", type=int, default=8)
@@ -54,7 +54,9 @@ def main(argv=None) -> int:
     from sglang_dsa_fix.proof import replay
 
     _, backend_cls = replay.import_backend_class()
-    case = replay.Case(args.context_len, args.speculative_num_draft_tokens, args.page_size, args.bs, "cuda")
+    case = replay.Case(
+        args.context_length, args.speculative_num_draft_tokens, args.page_size, args.bs, "cuda"
+    )
     sessions = {"pristine": replay.GraphSession(backend_cls, case)}
     runtime_fix.install_page_table_fix(backend_cls)
     try:
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
     # updates copy the same rows.
     batches = []
     for i in range(args.rotate):
-        seq_len = case.context_len - 1 - 97 * i
+        seq_len = case.context_length - 1 - 97 * i
         idx, seq_lens, accept = replay.batch_for(case, mode, bs, seq_len)
         batches.append((idx.roll(i), seq_lens, accept))
 
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
         session.capture(mode, bs)
         for i in range(args.warmup):
             update(session, i)
-        check = session.replay(mode, bs, case.context_len - 1)
+        check = session.replay(mode, bs, case.context_length - 1)
         assert check.ok, check
     torch.cuda.synchronize()
 
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "sglang": __import__("sglang").__version__,
-        "context_len": case.context_len,
+        "context_length": case.context_length,
         "speculative_num_draft_tokens": case.num_draft_tokens,
         "page_size": case.page_size,
         "bs": bs,
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
 
     print(
         f"TARGET_VERIFY replay update, {result['gpu']}, sglang {result['sglang']}, torch "
-        f"{result['torch']}: context_len {case.context_len}, D {case.num_draft_tokens}, page "
+        f"{result['torch']}: context_length {case.context_length}, D {case.num_draft_tokens}, page "
         f"{case.page_size}, bs {bs}, {args.iters} interleaved updates each, {args.rotate} rotated inputs"
     )
     print(

@@ -78,7 +78,7 @@ def prepare(variant: str, work: Path) -> dict:
 def long_gen_args(args) -> SimpleNamespace:
     """The long-generation benchmark's settings object, for its engine and server helpers."""
     return SimpleNamespace(
-        context_len=args.context_length,
+        context_length=args.context_length,
         speculative_num_steps=args.speculative_num_steps,
         concurrency=2,
         port=args.port,

@@ -24,11 +24,11 @@ MODEL_CONFIG = Path(__file__).with_name("tiny_dsa_model.json")
 
 
 # ---------------------------------------------------------------------------- the model
-def write_model(directory: Path, context_len: int) -> Path:
+def write_model(directory: Path, context_length: int) -> Path:
     """A 1-layer DeepSeek-V3.2 (DSA) config that fits sm90 kernels' hard constraints
     (tiny_dsa_model.json: vocab > 100 since forced acceptance predicts token id 100; one NextN
     draft layer, MoE and DSA like the target)."""
-    config = {**json.loads(MODEL_CONFIG.read_text()), "max_position_embeddings": max(4096, context_len)}
+    config = {**json.loads(MODEL_CONFIG.read_text()), "max_position_embeddings": max(4096, context_length)}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
@@ -44,7 +44,7 @@ def engine_kwargs(args, model: Path) -> dict:
         model_path=str(model),
         load_format="dummy",
         skip_tokenizer_init=True,
-        context_length=args.context_len,
+        context_length=args.context_length,
         speculative_algorithm="EAGLE",
         speculative_num_steps=args.speculative_num_steps,
         speculative_eagle_topk=1,
@@ -80,17 +80,17 @@ def variant_env(args) -> dict:
 
 
 # ---------------------------------------------------------------------------- workload
-def boundary_lengths(context_len: int, D: int):
-    """(prompt, max_new) whose overlapped last verify reads past context_len.
+def boundary_lengths(context_length: int, D: int):
+    """(prompt, max_new) whose overlapped last verify reads past context_length.
 
-    Admission keeps prompt + max_new <= context_len - 2; with full acceptance the verify after
-    the finishing one sees seq_len - context_len = k*D - M - 2, k = ceil((M-1)/D): it crosses
+    Admission keeps prompt + max_new <= context_length - 2; with full acceptance the verify after
+    the finishing one sees seq_len - context_length = k*D - M - 2, k = ceil((M-1)/D): it crosses
     iff k*D - M >= 3 (needs D >= 5).
     """
     for max_new in range(D + 1, 8 * D):
         k = math.ceil((max_new - 1) / D)
         if k * D - max_new >= 3:
-            return context_len - 2 - max_new, max_new
+            return context_length - 2 - max_new, max_new
     raise SystemExit(f"no boundary-crossing length for D={D}: needs speculative_num_steps >= 4")
 
 
@@ -218,7 +218,7 @@ def worker(args) -> int:
         tmp.write_text(json.dumps(result))
         tmp.replace(result_path)  # the parent never reads half a file
 
-    model = write_model(Path(args.model_dir), args.context_len)
+    model = write_model(Path(args.model_dir), args.context_length)
     D = draft_tokens(args)
     t0 = time.perf_counter()
     client = ServerClient(args, model, sys.stderr) if args.server else EngineClient(args, model)
@@ -237,13 +237,13 @@ def worker(args) -> int:
             result["control_itl_ms"] = itl_percentiles(gaps)
             save()
         elif command[:1] == ["boundary"]:
-            prompt, max_new = boundary_lengths(args.context_len, D)
+            prompt, max_new = boundary_lengths(args.context_length, D)
             result["boundary_prompt_len"], result["boundary_max_new"] = prompt, max_new
             save()  # before the phase that crashes a pristine scheduler
             # max_new_tokens None, the long-generation case: an explicit max_new_tokens is
-            # checked against context_len with the draft tokens added (0.5.14 rejects
-            # prompt + D + max_new > context_len), while None is clamped to
-            # context_len - prompt - 2 = max_new.
+            # checked against context_length with the draft tokens added (0.5.14 rejects
+            # prompt + D + max_new > context_length), while None is clamped to
+            # context_length - prompt - 2 = max_new.
             reqs = make_requests(args.soak, prompt, None, 7)
             summary = loop.run_until_complete(run_group(client, reqs, args.concurrency, args.phase_timeout))
             summary.pop("gaps")
@@ -262,7 +262,7 @@ def itl_percentiles(gaps) -> dict:
 
 
 ENGINE_FLAGS = (
-    "context_len",
+    "context_length",
     "speculative_num_steps",
     "concurrency",
     "tp_size",
@@ -278,7 +278,7 @@ ENGINE_FLAGS = (
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags the parent forwards to each worker (sglang's spellings where sglang has one)."""
     parser.add_argument("--server", action="store_true", help="launch_server + HTTP /generate")
-    parser.add_argument("--context-len", type=int, default=512)
+    parser.add_argument("--context-length", type=int, default=512)
     parser.add_argument("--speculative-num-steps", type=int, default=4, help="D = steps + 1")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--tp-size", type=int, default=1, help="tensor parallel size (GPUs per engine)")

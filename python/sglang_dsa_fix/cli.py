@@ -79,6 +79,8 @@ def run_status(args) -> tuple[dict, str, int]:
 
 
 def run_demo(args) -> tuple[dict, str, int]:
+    if args.sglang_root:
+        raise ToolError("demo imports and runs the importable sglang; --sglang-root does not apply")
     import torch
 
     if args.device != "cuda" and not torch.cuda.is_available():
@@ -87,7 +89,7 @@ def run_demo(args) -> tuple[dict, str, int]:
     from sglang_dsa_fix.proof import demo
 
     code = demo.run(
-        args.context_len,
+        args.context_length,
         args.speculative_num_draft_tokens,
         args.page_size,
         args.bs,
@@ -119,7 +121,7 @@ COMMANDS = {
     "revert": (run_revert, "restore the original bytes of every file apply changed"),
     "diff": (run_diff, "print the change as a unified diff for an sglang checkout (git apply)"),
     "status": (run_status, "is THIS deployment protected, per bug (and per shape, or for a live server)?"),
-    "demo": (run_demo, "replay target_verify near context_len on the real backend: pristine vs fixed"),
+    "demo": (run_demo, "both bugs and both fixes on the real sglang code of this environment"),
 }
 
 
@@ -170,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--disable-overlap-schedule", action="store_true")
     demo = parsers["demo"]
-    demo.add_argument("--context-len", type=_positive, default=4096)
+    demo.add_argument("--context-length", type=_positive, default=4096)
     demo.add_argument("--speculative-num-draft-tokens", type=_positive, default=5)
     demo.add_argument("--page-size", type=_positive, default=64)
     demo.add_argument("--bs", type=_positive, default=4)
