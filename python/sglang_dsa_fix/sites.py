@@ -221,12 +221,15 @@ def page_table_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[
 # ------------------------------------------------------------------------------ bug #2
 
 
-def row_sizing_file(tree: SglangTree) -> Optional[Path]:
+def row_sizing_file(tree: SglangTree):
+    """(path, bytes) of the file that defines the row sizing function, or (None, None)."""
     for relative in backends.ROW_SIZING_FILES:
         path = tree.file(relative)
-        if _is_file(path) and f"def {backends.ROW_SIZING_FUNCTION}(".encode() in _read(path):
-            return path
-    return None
+        if _is_file(path):
+            data = _read(path)
+            if f"def {backends.ROW_SIZING_FUNCTION}(".encode() in data:
+                return path, data
+    return None, None
 
 
 def has_spec_v2_reservation(tree: SglangTree) -> bool:
@@ -236,10 +239,10 @@ def has_spec_v2_reservation(tree: SglangTree) -> bool:
 
 def row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
     """Bug #2's site, or None where the release has no row sizing function. ToolError if unrecognised."""
-    path = row_sizing_file(tree)
+    path, read = row_sizing_file(tree)
     if path is None:
         return None
-    data = _read(path) if data is None else data
+    data = read if data is None else data
     module = _parse(path, data)
     functions = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
     function = functions.get(backends.ROW_SIZING_FUNCTION)
