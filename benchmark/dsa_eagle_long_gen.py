@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -345,14 +346,42 @@ def summarize(variant: Variant, args, table_bytes: int) -> dict:
         "control_reps": len(control),
         "control_completed": sum(c["completed"] for c in control),
         "control_failed": sum(c["failed"] for c in control),
-        "control_tok_per_s": rates,
-        "control_tok_per_s_median": statistics.median(rates) if rates else None,
+        # bench_serving's names (python -m sglang.bench_serving) for the control group's figures:
+        "output_throughput_per_rep": rates,
+        "output_throughput": statistics.median(rates) if rates else None,  # median over reps
         "accept_length": statistics.mean(accept) if accept else None,
-        "itl_ms_p50": itl["p50"],
-        "itl_ms_p99": itl["p99"],
+        "median_itl_ms": itl["p50"],
+        "p99_itl_ms": itl["p99"],
         "gpu_mem_after_start_mib": variant.start_mib,
         "peak_gpu_mem_mib": variant.peak_mib,
         "page_table_bytes_computed": table_bytes,
+    }
+
+
+def per_rep_throughput(row) -> list:
+    """Control tok/s per rep; also from JSONL written before the bench_serving names."""
+    return row.get("output_throughput_per_rep", row.get("control_tok_per_s")) or []
+
+
+def bootstrap_median_ci(values, reps: int = 10000, seed: int = 0, level: float = 0.95):
+    """Percentile bootstrap interval of the median (seeded: the same data gives the same interval)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
+    tail = (1 - level) / 2
+    return medians[int(tail * reps)], medians[int((1 - tail) * reps) - 1]
+
+
+def ratio_summary(pairs) -> dict:
+    """fixed / pristine tok/s over (fixed, pristine) pairs of reps."""
+    ratios = [f / p for f, p in pairs]
+    deciles = statistics.quantiles(ratios, n=10, method="inclusive") if len(ratios) > 1 else ratios * 9
+    return {
+        "per_rep": ratios,
+        "median": statistics.median(ratios),
+        "p10": deciles[0],
+        "p90": deciles[8],
+        "median_ci95": list(bootstrap_median_ci(ratios)),
+        "of_medians": statistics.median(f for f, _ in pairs) / statistics.median(p for _, p in pairs),
     }
 
 
@@ -360,22 +389,10 @@ def add_control_ratios(rows):
     """Each fixed variant's control tok/s over pristine's, rep by rep (same round of reps)."""
     pristine = next((r for r in rows if r["variant"] == "none"), None)
     for row in rows:
-        pairs = (
-            list(zip(row["control_tok_per_s"], pristine["control_tok_per_s"]))
-            if pristine and row is not pristine
-            else []
-        )
-        if not pairs:
-            continue
-        ratios = [f / p for f, p in pairs]
-        deciles = statistics.quantiles(ratios, n=10, method="inclusive") if len(ratios) > 1 else ratios * 9
-        row["control_ratio_vs_none"] = {
-            "per_rep": ratios,
-            "median": statistics.median(ratios),
-            "p10": deciles[0],
-            "p90": deciles[8],
-            "of_medians": statistics.median(f for f, _ in pairs) / statistics.median(p for _, p in pairs),
-        }
+        if pristine and row is not pristine:
+            pairs = list(zip(per_rep_throughput(row), per_rep_throughput(pristine)))
+            if pairs:
+                row["control_ratio_vs_none"] = ratio_summary(pairs)
 
 
 def main(argv=None) -> int:
@@ -412,8 +429,8 @@ def main(argv=None) -> int:
         f"{'ITL p50/p99 ms':>15} {'MiB start/peak':>14} {'page_table B':>12}  crash"
     )
     for r in rows:
-        median = r["control_tok_per_s_median"]
-        itl = f"{r['itl_ms_p50']:.2f}/{r['itl_ms_p99']:.2f}" if r["itl_ms_p50"] is not None else "-"
+        median = r["output_throughput"]
+        itl = f"{r['median_itl_ms']:.2f}/{r['p99_itl_ms']:.2f}" if r["median_itl_ms"] is not None else "-"
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] is not None else "-"
         mem = f"{r['gpu_mem_after_start_mib']}/{r['peak_gpu_mem_mib']}"
         done, asked, table = (
@@ -430,7 +447,8 @@ def main(argv=None) -> int:
         if ratio:
             print(
                 f"control tok/s {r['variant']}/none, paired reps: median {ratio['median']:.3f} "
-                f"[p10 {ratio['p10']:.3f}, p90 {ratio['p90']:.3f}], ratio of medians "
+                f"[p10 {ratio['p10']:.3f}, p90 {ratio['p90']:.3f}; bootstrap 95 % CI of the median "
+                f"{ratio['median_ci95'][0]:.3f} - {ratio['median_ci95'][1]:.3f}], ratio of medians "
                 f"{ratio['of_medians']:.3f} (target >= 0.99)"
             )
     if args.jsonl:
