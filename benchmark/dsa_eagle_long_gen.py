@@ -29,6 +29,7 @@ Needs a CUDA GPU with sglang 0.5.14 (scripts/gpu/env.sh sets up an offline host)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -106,6 +107,21 @@ class GpuMemory:
             self.process.kill()
 
 
+def progress(description: str, total: float):
+    """A tqdm bar in seconds (sglang depends on tqdm, so it is there); a no-op without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return contextlib.nullcontext(None)
+    return tqdm(
+        total=round(total),
+        desc=description,
+        leave=False,
+        mininterval=2,
+        bar_format="{desc}: {bar} {n}/{total} s",
+    )
+
+
 class Variant:
     """A variant's worker process (own process group) and what the parent learns about it."""
 
@@ -147,10 +163,17 @@ class Variant:
         except (OSError, ValueError):
             return {"variant": self.name}
 
-    def wait(self, done, timeout: float) -> bool:
-        """Until done(result) holds; False on timeout, exit or the size-mismatch crash."""
-        deadline = time.time() + timeout
+    def wait(self, done, timeout: float, what: str) -> bool:
+        """Until done(result) holds; False on timeout, exit or the size-mismatch crash. A
+        progress bar (seconds against the timeout) shows on stderr while it waits."""
+        began = time.time()
+        deadline = began + timeout
+        with progress(f"[{self.name}] {what}", timeout) as bar:
+            return self._wait(done, deadline, lambda: bar and bar.update(round(time.time() - began) - bar.n))
+
+    def _wait(self, done, deadline: float, tick) -> bool:
         while time.time() < deadline:
+            tick()
             if done(self.result()):
                 return True
             match = CRASH_PATTERN.search(self.log_path.read_text(errors="replace"))
@@ -172,7 +195,7 @@ class Variant:
         this variant's."""
         before, t0 = memory.latest(), time.perf_counter()
         self.send(command)
-        ok = self.wait(done, self.args.phase_timeout + 30)
+        ok = self.wait(done, self.args.phase_timeout + 30, command)
         peak = memory.peak_between(t0, time.perf_counter())
         if None not in (before, peak, self.start_mib):
             self.peak_mib = max(self.peak_mib or 0, self.start_mib + peak - before)
@@ -279,7 +302,7 @@ def run_all(names, args, work: Path):
             before = memory.latest()
             variant = Variant(name, env, args, work, index)
             variants.append(variant)
-            if variant.wait(lambda r: r.get("ready"), args.start_timeout):
+            if variant.wait(lambda r: r.get("ready"), args.start_timeout, "engine start"):
                 after = memory.latest()
                 if None not in (before, after):
                     variant.start_mib = variant.peak_mib = after - before
