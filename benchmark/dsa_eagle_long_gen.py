@@ -418,6 +418,22 @@ def add_control_ratios(rows):
                 row["control_ratio_vs_none"] = ratio_summary(pairs)
 
 
+def write_plot(jsonl: Path, rows) -> None:
+    """Per-rep tok/s per variant and the fixed/pristine ratios, PNG next to the JSONL (this run's
+    rows only); skipped where matplotlib is missing (the offline GPU bundle has none): then
+    ``python benchmark/long_gen_report.py JSONL --plot PNG`` draws it anywhere."""
+    from long_gen_report import plot, pooled
+
+    runs = [(jsonl.name, {r["variant"]: r for r in rows})]
+    png = jsonl.with_suffix(".png")
+    try:
+        plot(runs, pooled(runs), png)
+    except ImportError:
+        print(f"plot skipped (no matplotlib): python benchmark/long_gen_report.py {jsonl} --plot {png}")
+        return
+    print(f"plot: {png}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="none,plugin", help="none, apply, plugin (comma list)")
@@ -478,6 +494,7 @@ def main(argv=None) -> int:
         with open(args.jsonl, "a") as handle:
             for r in rows:
                 handle.write(json.dumps(r) + "\n")
+        write_plot(Path(args.jsonl), rows)
     pristine = [r for r in rows if r["variant"] == "none"]
     fixed = [r for r in rows if r["variant"] != "none"]
     ok = all(
