@@ -75,7 +75,63 @@ def run_status(args) -> tuple[dict, str, int]:
                 overlap=not args.disable_overlap_schedule,
             )
         report = status.collect(args.sglang_root, shape)
-    return report, status.render(report), report["exit_code"]
+    return report, render_status(report), report["exit_code"]
+
+
+def render_status(report: dict) -> str:
+    if "url" in report:
+        lines = [f"server {report['url']} (sglang {report['sglang_version']})"]
+        for i, rank in enumerate(report["ranks"]):
+            lines.append(f"rank {i}: " + (rank or {}).get("summary", "plugin not running"))
+        if "detail" in report:
+            lines.append(report["detail"])
+        return "\n".join(lines)
+    lines = [f"sglang {report['sglang_version']} at {report['sglang_path']}"]
+    p = report["plugin"]
+    lines.append(
+        f"plugin: {'installed' if p['installed'] else 'not installed'} in {p['where']}"
+        + ("" if p["sglang_has_plugin_api"] else " (this sglang has no plugin API)")
+        + (f"; {p['kill_switch']}" if p["live"] else "")
+    )
+    lines += [f"  plugin not loaded by {note}" for note in p["not_loaded_by"] if p["live"]]
+    for bug in report["bugs"]:
+        title = Bug(bug["bug"]).title
+        where = f" ({bug['file']}:{bug['line']}: `{bug['found']}`)" if "file" in bug else ""
+        live = f" — fix live: {bug['fix_live']}" if bug["fix_live"] else ""
+        lines.append(f"{title}: {bug['verdict']}{live}{where}")
+        if bug["detail"]:
+            lines.append(f"  {bug['detail']}")
+        shape = bug.get("shape")
+        if shape and bug["bug"] == Bug.PAGE_TABLE.value:
+            lines.append(
+                f"  at this shape: req_to_token width {shape['req_to_token_width']}, graph "
+                f"page_table width {shape['graph_page_table_width']} -> target_verify "
+                + (
+                    f"overflows for seq_len {shape['overflowing_seq_lens'][0]}.."
+                    f"{shape['overflowing_seq_lens'][1]}"
+                    if shape["overflows"]
+                    else "cannot overflow"
+                )
+            )
+        elif shape:
+            lines.append(
+                f"  at this shape: row headroom {shape['row_extra']}, needs "
+                f"{shape['row_extra_needed']} -> "
+                + (
+                    f"the last decode reservation writes {shape['columns_past_row_end']} column(s) "
+                    "into the next request's row"
+                    if shape["overflows"]
+                    else "no write past the row end"
+                    + (
+                        f" (without the fix: {shape['columns_past_row_end_without_fix']})"
+                        if shape["columns_past_row_end_without_fix"]
+                        else ""
+                    )
+                )
+            )
+        if "advice" in bug:
+            lines.append(f"  advice: {bug['advice']}")
+    return "\n".join(lines)
 
 
 def run_demo(args) -> tuple[dict, str, int]:

@@ -7,7 +7,7 @@ Three sources, each reported as what it is:
 - optionally a shape (sglang's flag spellings): which target_verify seq_lens overflow the graph
   page_table (bug #1) and how many columns the decode reservation writes past the row (bug #2);
 - or a live server (``--url``): the plugin's own state from ``/server_info``.
-Returns data; the CLI renders it.
+Returns data; cli.py renders it.
 """
 
 from __future__ import annotations
@@ -235,59 +235,3 @@ def from_server(url: str, timeout: float = 10.0) -> dict:
                 codes.append(EXIT_AFFECTED)
     report["exit_code"] = combined_exit(codes)
     return report
-
-
-def render(report: dict) -> str:
-    if "url" in report:
-        lines = [f"server {report['url']} (sglang {report['sglang_version']})"]
-        for i, rank in enumerate(report["ranks"]):
-            lines.append(f"rank {i}: " + (rank or {}).get("summary", "plugin not running"))
-        if "detail" in report:
-            lines.append(report["detail"])
-        return "\n".join(lines)
-    lines = [f"sglang {report['sglang_version']} at {report['sglang_path']}"]
-    p = report["plugin"]
-    lines.append(
-        f"plugin: {'installed' if p['installed'] else 'not installed'} in {p['where']}"
-        + ("" if p["sglang_has_plugin_api"] else " (this sglang has no plugin API)")
-        + (f"; {p['kill_switch']}" if p["live"] else "")
-    )
-    lines += [f"  plugin not loaded by {note}" for note in p["not_loaded_by"] if p["live"]]
-    for bug in report["bugs"]:
-        title = Bug(bug["bug"]).title
-        where = f" ({bug['file']}:{bug['line']}: `{bug['found']}`)" if "file" in bug else ""
-        live = f" — fix live: {bug['fix_live']}" if bug["fix_live"] else ""
-        lines.append(f"{title}: {bug['verdict']}{live}{where}")
-        if bug["detail"]:
-            lines.append(f"  {bug['detail']}")
-        shape = bug.get("shape")
-        if shape and bug["bug"] == Bug.PAGE_TABLE.value:
-            lines.append(
-                f"  at this shape: req_to_token width {shape['req_to_token_width']}, graph "
-                f"page_table width {shape['graph_page_table_width']} -> target_verify "
-                + (
-                    f"overflows for seq_len {shape['overflowing_seq_lens'][0]}.."
-                    f"{shape['overflowing_seq_lens'][1]}"
-                    if shape["overflows"]
-                    else "cannot overflow"
-                )
-            )
-        elif shape:
-            lines.append(
-                f"  at this shape: row headroom {shape['row_extra']}, needs "
-                f"{shape['row_extra_needed']} -> "
-                + (
-                    f"the last decode reservation writes {shape['columns_past_row_end']} column(s) "
-                    "into the next request's row"
-                    if shape["overflows"]
-                    else "no write past the row end"
-                    + (
-                        f" (without the fix: {shape['columns_past_row_end_without_fix']})"
-                        if shape["columns_past_row_end_without_fix"]
-                        else ""
-                    )
-                )
-            )
-        if "advice" in bug:
-            lines.append(f"  advice: {bug['advice']}")
-    return "\n".join(lines)
