@@ -219,11 +219,7 @@ class TestPristineBackendCPU(_ReplayMatrix, CustomTestCase):
             with self.subTest(case=case, mode=mode, bs=bs):
                 for r in results:
                     if r.columns > r.buffer_width:
-                        self.assertEqual(
-                            r.error,
-                            f"The size of tensor a ({r.buffer_width}) must match the size "
-                            f"of tensor b ({r.columns}) at non-singleton dimension 1",
-                        )
+                        self.assertEqual(r.error, width.size_mismatch_message(r.buffer_width, r.columns))
                     else:
                         self.assertTrue(r.ok, r)
                 if mode == "TARGET_VERIFY":

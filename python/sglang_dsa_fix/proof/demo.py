@@ -62,7 +62,7 @@ def page_table_table(backend_cls, patched_cls, case) -> bool:
     print(header + "\n" + "-" * (len(header) + 70))
     for p, r, t in zip(pristine, runtime, in_tree):
         print(f"{p.seq_len:>8} {p.columns:>6}  {_cell(r):<28} {_cell(t):<28} {_cell(p)}")
-    crashed = sum(1 for p in pristine if p.error and "must match the size" in p.error)
+    crashed = sum(1 for p in pristine if p.error == width.size_mismatch_message(p.buffer_width, p.columns))
     failures = sum(1 for r in runtime + in_tree if not r.ok)
     print(
         f"\npristine: {crashed}/{len(pristine)} replays raise the size mismatch; fixed: {failures} "
