@@ -420,7 +420,7 @@ def add_control_ratios(rows):
 
 def write_plot(jsonl: Path, rows) -> None:
     """Per-rep tok/s per variant and the fixed/pristine ratios, PNG next to the JSONL (this run's
-    rows only); skipped where matplotlib is missing (the offline GPU bundle has none): then
+    rows only); skipped where matplotlib is missing: then
     ``python benchmark/long_gen_report.py JSONL --plot PNG`` draws it anywhere."""
     from long_gen_report import plot, pooled
 

@@ -19,7 +19,7 @@ target=(--python-version 3.12 --implementation cp --only-binary=:all: "${platfor
 python3 -m pip download -q --no-deps "${target[@]}" -d "$work/wheels" -r requirements/gpu-bundle.txt
 mkdir -p "$work/site"
 kernel_wheel="$(ls "$work"/wheels/sglang_kernel-*.whl)"
-python3 -m pip install -q --no-deps --no-compile "${target[@]}" --target "$work/site" \
+python3 -m pip install -q --no-deps --no-compile --ignore-requires-python "${target[@]}" --target "$work/site" \
   $(ls "$work"/wheels/*.whl | grep -v -e '/sglang_kernel-')
 # sglang-kernel by hand: unzip without FA3 and the Blackwell build (keeps the .dist-info that
 # the Engine's version check reads).
