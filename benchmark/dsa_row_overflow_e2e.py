@@ -13,6 +13,12 @@ row's first columns; it does not depend on any fix. Variants, each in its own pr
 
 With ``--server`` the plugin variant runs under ``launch_server`` instead, and the run also
 reads ``/server_info`` and ``sglang-dsa-fix status --url`` from it.
+
+``--case llama-ngram-page1`` is the same two-request run on the case that needs no draft model and
+no DSA, for releases past 0.5.16 (their row is wide enough at page > 1 only): a tiny dummy-weight
+Llama (``tiny_llama_model.json``), triton attention, page size 1, NGRAM at its defaults (D 12,
+topk 10, steps 1; reservation 2 * 12 per decode), one token per verify. There bug #1 is fixed
+upstream, so ``bug1_only`` is the pristine release.
 Exit 0 only if bug1_only writes past the row end into a live neighbour and no fixed variant
 writes past the row end, and every request completes.
 
@@ -33,13 +39,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from dsa_eagle_long_gen import install_entry_point, install_plugin
-from long_gen_worker import ServerClient, engine_kwargs, variant_env, write_model
+from long_gen_worker import ServerClient, dummy_model_kwargs, engine_kwargs, variant_env, write_model
 
 from sglang_dsa_fix import source_patch
 from sglang_dsa_fix import tree as trees
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("bug1_only", "plugin", "apply")
+CASES = ("dsa-eagle", "llama-ngram-page1")
+LLAMA_CONFIG = Path(__file__).with_name("tiny_llama_model.json")
 
 
 def prepare(variant: str, work: Path) -> dict:
@@ -86,10 +94,33 @@ def long_gen_args(args) -> SimpleNamespace:
     )
 
 
+def llama_ngram_page1_kwargs(args, model: Path) -> dict:
+    """sglang.Engine arguments of the page-1 case (0.5.17 ServerArgs names). NGRAM's D, topk and
+    steps are left to sglang's defaults (arg_groups/speculative_hook.py _handle_ngram)."""
+    return dict(
+        **dummy_model_kwargs(model, args.context_length),
+        speculative_algorithm="NGRAM",
+        attention_backend="triton",
+        page_size=1,
+        sampling_backend="pytorch",
+        cuda_graph_max_bs_decode=2,
+        max_running_requests=2,
+        max_total_tokens=16384,
+        mem_fraction_static=0.5,
+        disable_flashinfer_autotune=True,
+        log_level="info",
+    )
+
+
 def worker(args) -> int:
     """One variant in its own process: two requests, then the outputs as one JSON line."""
-    model = write_model(Path(args.model_dir), args.context_length)
     settings = long_gen_args(args)
+    if args.case == "llama-ngram-page1":
+        model = write_model(Path(args.model_dir), args.context_length, LLAMA_CONFIG)
+        kwargs = llama_ngram_page1_kwargs(args, model)
+    else:
+        model = write_model(Path(args.model_dir), args.context_length)
+        kwargs = engine_kwargs(settings, model)
     prompts = [[200 + i % 1000 for i in range(n)] for n in (100, 20)]
     params = [{"max_new_tokens": None, "ignore_eos": True, "temperature": 0} for _ in prompts]
     out = {"variant": args.worker}
@@ -122,7 +153,7 @@ def worker(args) -> int:
     else:
         import sglang
 
-        engine = sglang.Engine(**engine_kwargs(settings, model))
+        engine = sglang.Engine(**kwargs)
         results = engine.generate(input_ids=prompts, sampling_params=params)
         engine.shutdown()
     out["requests"] = [
@@ -154,6 +185,7 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--context-length", type=int, default=256)
     parser.add_argument("--speculative-num-steps", type=int, default=7)
+    parser.add_argument("--case", choices=CASES, default=CASES[0], help="model and speculative algorithm")
     parser.add_argument("--server", action="store_true", help="plugin variant under launch_server")
     parser.add_argument("--port", type=int, default=30123)
     parser.add_argument("--start-timeout", type=float, default=420)
@@ -169,6 +201,8 @@ def main(argv=None) -> int:
     variants = args.variants.split(",")
     if set(variants) - set(VARIANTS):
         parser.error(f"--variants: choose from {','.join(VARIANTS)}")
+    if args.server and args.case != "dsa-eagle":
+        parser.error("--server runs the dsa-eagle case only")
     work = Path(tempfile.mkdtemp(prefix="dsa-row-e2e-"))
     logs = Path(args.logs) if args.logs else work
     logs.mkdir(parents=True, exist_ok=True)
@@ -193,6 +227,8 @@ def main(argv=None) -> int:
             str(args.context_length),
             "--speculative-num-steps",
             str(args.speculative_num_steps),
+            "--case",
+            args.case,
             "--port",
             str(args.port),
             "--start-timeout",
@@ -212,6 +248,7 @@ def main(argv=None) -> int:
         result = next((json.loads(x[7:]) for x in (stdout or "").splitlines() if x.startswith("RESULT ")), {})
         row = {
             "variant": variant,
+            "case": args.case,
             "server": server,
             "rc": rc,
             "wall_s": round(time.perf_counter() - began, 1),

@@ -24,11 +24,11 @@ MODEL_CONFIG = Path(__file__).with_name("tiny_dsa_model.json")
 
 
 # ---------------------------------------------------------------------------- the model
-def write_model(directory: Path, context_length: int) -> Path:
-    """A 1-layer DeepSeek-V3.2 (DSA) config that fits sm90 kernels' hard constraints
-    (tiny_dsa_model.json: vocab > 100 since forced acceptance predicts token id 100; one NextN
-    draft layer, MoE and DSA like the target)."""
-    config = {**json.loads(MODEL_CONFIG.read_text()), "max_position_embeddings": max(4096, context_length)}
+def write_model(directory: Path, context_length: int, config_file: Path = MODEL_CONFIG) -> Path:
+    """A dummy-weight model directory. The default is a 1-layer DeepSeek-V3.2 (DSA) config that
+    fits sm90 kernels' hard constraints (tiny_dsa_model.json: vocab > 100 since forced acceptance
+    predicts token id 100; one NextN draft layer, MoE and DSA like the target)."""
+    config = {**json.loads(config_file.read_text()), "max_position_embeddings": max(4096, context_length)}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
@@ -39,12 +39,16 @@ def draft_tokens(args) -> int:
     return args.speculative_num_steps + 1
 
 
+def dummy_model_kwargs(model: Path, context_length: int) -> dict:
+    """What every benchmark engine shares: dummy weights, token ids in, no tokenizer."""
+    return dict(
+        model_path=str(model), load_format="dummy", skip_tokenizer_init=True, context_length=context_length
+    )
+
+
 def engine_kwargs(args, model: Path) -> dict:
     return dict(
-        model_path=str(model),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        context_length=args.context_length,
+        **dummy_model_kwargs(model, args.context_length),
         speculative_algorithm="EAGLE",
         speculative_num_steps=args.speculative_num_steps,
         speculative_eagle_topk=1,

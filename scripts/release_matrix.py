@@ -9,7 +9,7 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
 - bug #1 CPU tier (test/srt/test_dsa_cuda_graph.py) where the release imports on CPU and is
   affected;
 - bug #2 CPU tier (test/srt/test_row_overflow.py) where the release has the sizing function and
-  its Req / prepare layout is one the driver knows (0.5.13 - 0.5.16);
+  its Req / prepare layout is one the driver knows (0.5.13 - 0.5.18);
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
   and what ``plugin.decide()`` says on the others.
 
@@ -41,8 +41,8 @@ NO_CPU_IMPORT = (
     "CUDA build of several hundred MB (not tried in the CPU environment)"
 )
 ROW_DRIVER_LAYOUT = (
-    "0.5.17+ moved kv_committed_len into Req.kv and the prepare's flags into runtime-context "
-    "bags; the CPU driver (proof/row_overflow.py) covers the 0.5.13 - 0.5.16 layouts"
+    "0.5.19+ moved the request's row into Req.kv (req_pool_idx) and 0.5.23 dropped ChunkCache; "
+    "the CPU driver (proof/row_overflow.py) covers the 0.5.13 - 0.5.18 layouts"
 )
 UPSTREAM_LAYOUT = "the upstream-form tests are written for the 0.5.13 - 0.5.14 module layout"
 UPSTREAM_TESTS = sorted((REPO / "upstream" / "test").rglob("test_*.py"))
@@ -75,6 +75,8 @@ RELEASES = [
     Release("0.5.14", AFFECTED, AFFECTED, plugin=True, upstream_tests=None),  # the base environment
     Release("0.5.15", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     Release("0.5.16", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
+    # The newest release the GPU host's torch 2.11 runs (its bug #2 end-to-end run).
+    Release("0.5.17", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     Release(
         "0.5.23",
         FIXED_UPSTREAM,

@@ -27,6 +27,7 @@ call), and the allocator's free size after the request is released.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import os
 from dataclasses import dataclass
@@ -110,17 +111,27 @@ def server_args_for(case: RowCase) -> SimpleNamespace:
 
 @contextlib.contextmanager
 def global_server_args(server_args):
-    """Publish ``server_args`` where this release's code reads them: the module global (0.5.14
-    and older) or the runtime context (0.5.15+, ``runtime_context.get_context()``)."""
+    """Publish ``server_args`` where this release's code reads them and yield what was published:
+    the module global (0.5.14 and older), the runtime context's slot (0.5.15 / 0.5.16), or, from
+    0.5.17, a real ``ServerArgs`` carrying these flags through sglang's own scoped test override
+    (``RuntimeContext.override_server_args``, 0.5.17 runtime_context.py:938), which also projects
+    the config bags (``get_spec()``, ``get_serving()``, ...) that 0.5.17+ reads."""
     from sglang.srt import server_args as holder
 
-    attribute = "_global_server_args"
-    if not hasattr(holder, attribute):  # 0.5.15+
-        from sglang.srt.runtime_context import get_context
+    if hasattr(holder, "_global_server_args"):  # 0.5.14 and older
+        with mock.patch.object(holder, "_global_server_args", server_args):
+            yield server_args
+        return
+    from sglang.srt.runtime_context import get_context
 
-        holder, attribute = get_context(), "_server_args"
-    with mock.patch.object(holder, attribute, server_args):
-        yield
+    context = get_context()
+    if not hasattr(context, "override_server_args"):  # 0.5.15 / 0.5.16
+        with mock.patch.object(context, "_server_args", server_args):
+            yield server_args
+        return
+    fields = {f.name for f in dataclasses.fields(holder.ServerArgs)}
+    with context.override_server_args(**{k: v for k, v in vars(server_args).items() if k in fields}) as real:
+        yield real
 
 
 def _prepare_for_decode():
@@ -188,7 +199,7 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
 
     server_args = server_args_for(case)
     sizing = sizing_function or sizing_module().get_req_to_token_extra_context_len
-    with global_server_args(server_args):
+    with global_server_args(server_args) as server_args:
         try:
             extra = sizing(server_args)
         except TypeError:  # 0.5.23 takes no argument
