@@ -153,13 +153,14 @@ class TestRowRuleAgainstSglang(CustomTestCase):
             shape = width.SpecShape(256, D, steps, topk, page, has_draft_kv=algorithm != "NGRAM")
             with (
                 self.subTest(D=D, page=page, topk=topk, algorithm=algorithm),
-                row_overflow.global_server_args(args),
+                row_overflow.global_server_args(args) as published,
             ):
+                call = row_overflow.sizing_args(published)
                 self.assertEqual(
-                    SIZING.get_req_to_token_extra_context_len(args), width.pristine_row_extra(VERSION, shape)
+                    SIZING.get_req_to_token_extra_context_len(*call), width.pristine_row_extra(VERSION, shape)
                 )
                 self.assertEqual(
-                    SIZING.get_alloc_reserve_per_decode(args), width.reserve_per_decode(shape, VERSION)
+                    SIZING.get_alloc_reserve_per_decode(*call), width.reserve_per_decode(shape, VERSION)
                 )
 
 

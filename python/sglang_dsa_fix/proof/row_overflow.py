@@ -3,7 +3,9 @@
 Real sglang parts, per release: the row sizing (``get_req_to_token_extra_context_len``),
 ``ReqToTokenPool``, the token allocator (``TokenToKVPoolAllocator`` at page 1,
 ``PagedTokenToKVPoolAllocator`` otherwise, whose ``alloc_extend`` is a Triton kernel),
-``ChunkCache``, ``Req``, ``ScheduleBatch``, the spec-v2 prepare (0.5.13 / 0.5.14
+the disabled tree cache (``ChunkCache``; 0.5.23 a disabled ``UnifiedRadixCache``), ``Req``
+(its KV bookkeeping moving into ``Req.kv`` over 0.5.16 - 0.5.19), ``ScheduleBatch``, the
+published server args (0.5.17+ through sglang's scoped test override), the spec-v2 prepare (0.5.13 / 0.5.14
 ``EagleDraftInputV2Mixin.prepare_for_decode``, 0.5.15+ ``eagle_utils.eagle_prepare_for_decode``)
 with its Triton kernel ``assign_req_to_token_pool`` (0.5.16+ called from
 ``mem_cache/allocation.py``; run on CPU by Triton's interpreter:
@@ -27,8 +29,8 @@ call), and the allocator's free size after the request is released.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
+import inspect
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -93,6 +95,13 @@ def sizing_module():
     raise RuntimeError("this sglang has no get_req_to_token_extra_context_len")
 
 
+def sizing_args(server_args) -> tuple:
+    """What the release's sizing functions are called with: ``(server_args,)``, or nothing from
+    0.5.23, where they read the published runtime context (allocation_sizing.py:96)."""
+    installed = sizing_module().get_req_to_token_extra_context_len
+    return (server_args,) if inspect.signature(installed).parameters else ()
+
+
 def server_args_for(case: RowCase) -> SimpleNamespace:
     """The flags the real sizing / prepare / release functions read (sglang's spellings)."""
     return SimpleNamespace(
@@ -129,8 +138,13 @@ def global_server_args(server_args):
         with mock.patch.object(context, "_server_args", server_args):
             yield server_args
         return
-    fields = {f.name for f in dataclasses.fields(holder.ServerArgs)}
-    with context.override_server_args(**{k: v for k, v in vars(server_args).items() if k in fields}) as real:
+    # Only the flags this release's ServerArgs has (a plain class from 0.5.20, not a dataclass);
+    # methods such as enable_mamba_extra_buffer stay the real ones.
+    probe = holder.ServerArgs(model_path="dummy")
+    flags = {
+        k: v for k, v in vars(server_args).items() if hasattr(probe, k) and not callable(getattr(probe, k))
+    }
+    with context.override_server_args(**flags) as real:
         yield real
 
 
@@ -176,6 +190,12 @@ class _WriteRecorder:
         return mock.patch.object(self.module, "assign_req_to_token_pool_func", self)
 
 
+def _kv_state(req, field: str):
+    """The object that holds a request's ``field`` in this release: the Req itself, or its
+    ``Req.kv`` (ReqKvInfo: kv_allocated_len from 0.5.16, the row and kv_committed_len later)."""
+    return req if field in vars(req) else req.kv
+
+
 def _allocator(case: RowCase, size: int):
     if case.page_size == 1:
         from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
@@ -186,36 +206,54 @@ def _allocator(case: RowCase, size: int):
     return PagedTokenToKVPoolAllocator(size, case.page_size, torch.bfloat16, "cpu", None, False)
 
 
+def _disabled_tree_cache(pool, allocator, page_size: int):
+    """What the scheduler builds with the radix cache off: ``ChunkCache`` until 0.5.22, a disabled
+    ``UnifiedRadixCache`` holding the full-attention component from 0.5.23
+    (0.5.23 mem_cache/registry.py:86-99 -> create_unified_radix_cache, :165 and :191)."""
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    params = CacheInitParams(
+        disable=True, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=page_size
+    )
+    try:
+        from sglang.srt.mem_cache.chunk_cache import ChunkCache
+    except ImportError:
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        params.tree_components = (ComponentType.FULL,)
+        return UnifiedRadixCache(params)
+    return ChunkCache(params)
+
+
+def _release(req, tree_cache) -> None:
+    """``release_kv_cache`` as the scheduler calls it for a finished request (0.5.23 added a
+    keyword-only ``checkpoint``: False = nothing goes into the disabled tree)."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    if "checkpoint" in inspect.signature(release_kv_cache).parameters:
+        release_kv_cache(req, tree_cache, checkpoint=False)
+    else:
+        release_kv_cache(req, tree_cache)
+
+
 def run(case: RowCase, sizing_function=None) -> RowResult:
     """One request from its first decode prepare to its release. ``sizing_function`` replaces
     the release's ``get_req_to_token_extra_context_len`` (a fixed one); None = as installed."""
     require_interpreter()
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.chunk_cache import ChunkCache
-    from sglang.srt.mem_cache.common import release_kv_cache
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     server_args = server_args_for(case)
     sizing = sizing_function or sizing_module().get_req_to_token_extra_context_len
     with global_server_args(server_args) as server_args:
-        try:
-            extra = sizing(server_args)
-        except TypeError:  # 0.5.23 takes no argument
-            extra = sizing()
+        extra = sizing(*sizing_args(server_args))
         row_width = case.context_len + extra
         pool = ReqToTokenPool(size=2, max_context_len=row_width, device="cpu", enable_memory_saver=False)
         pages = -(-3 * row_width // case.page_size) + 4
         allocator = _allocator(case, pages * case.page_size)
-        tree_cache = ChunkCache(
-            CacheInitParams(
-                disable=True,
-                req_to_token_pool=pool,
-                token_to_kv_pool_allocator=allocator,
-                page_size=case.page_size,
-            )
-        )
+        tree_cache = _disabled_tree_cache(pool, allocator, case.page_size)
         free_before = allocator.available_size()
 
         max_new = case.context_len - 2 - case.prompt_len
@@ -223,7 +261,10 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         owner = Req("owner", "", list(range(case.prompt_len)), params)
         neighbour = Req("neighbour", "", [0], SamplingParams(max_new_tokens=1))
         pool.alloc([owner, neighbour])
-        row, next_row = owner.req_pool_idx, neighbour.req_pool_idx
+        row, next_row = (
+            _kv_state(owner, "req_pool_idx").req_pool_idx,
+            _kv_state(neighbour, "req_pool_idx").req_pool_idx,
+        )
         assert next_row == row + 1, (row, next_row)
         pool.req_to_token[next_row].fill_(CANARY)
 
@@ -231,13 +272,13 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         aligned = -(-case.prompt_len // case.page_size) * case.page_size
         slots = allocator.alloc(aligned)[: case.prompt_len]
         pool.req_to_token[row, : case.prompt_len] = slots.to(torch.int32)
-        owner.kv_committed_len = case.prompt_len
-        if getattr(owner, "kv", 0) is None:  # 0.5.16+: allocation state in Req.kv (ReqKvInfo)
+        if getattr(owner, "kv", 0) is None:  # 0.5.16 - 0.5.18: Req.kv (ReqKvInfo) set at prefill
             from sglang.srt.managers.schedule_batch import ReqKvInfo
 
             owner.kv = ReqKvInfo(kv_allocated_len=case.prompt_len, swa_evicted_seqlen=0)
-        else:
-            owner.kv_allocated_len = case.prompt_len
+        committed = _kv_state(owner, "kv_committed_len")
+        committed.kv_committed_len = case.prompt_len
+        _kv_state(owner, "kv_allocated_len").kv_allocated_len = case.prompt_len
         outputs = 1  # prefill samples the first output token
 
         batch = ScheduleBatch(
@@ -256,9 +297,9 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         def process(accepted: int) -> None:
             nonlocal outputs
             if owner.finished():
-                owner.kv_committed_len -= 1 if pre_claims else 0
+                committed.kv_committed_len -= 1 if pre_claims else 0
                 return
-            owner.kv_committed_len += accepted - 1 if pre_claims else accepted
+            committed.kv_committed_len += accepted - 1 if pre_claims else accepted
             outputs += accepted
             if outputs >= max_new:
                 owner.finished_reason = FINISH_LENGTH(max_new)
@@ -268,10 +309,10 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         with recorder.installed():
             while not owner.finished() or pending is not None:
                 if not owner.finished():
-                    before = last_committed = owner.kv_committed_len
+                    before = last_committed = committed.kv_committed_len
                     prepare(batch)
                     prepares += 1
-                    pre_claims = owner.kv_committed_len == before + 1
+                    pre_claims = committed.kv_committed_len == before + 1
                     step = case.accept_len
                 else:
                     step = None
@@ -281,7 +322,7 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
                     pending = step
                 elif step is not None:
                     process(step)
-        release_kv_cache(owner, tree_cache)
+        _release(owner, tree_cache)
         canary_clobbered = int((pool.req_to_token[next_row] != CANARY).sum())
         leaked = free_before - allocator.available_size()
     return RowResult(
