@@ -8,8 +8,9 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
   ``apply`` fixes it, a second ``apply`` changes nothing, ``revert`` restores every sha256;
 - bug #1 CPU tier (test/srt/test_dsa_cuda_graph.py) where the release imports on CPU and is
   affected;
-- bug #2 CPU tier (test/srt/test_row_overflow.py) where the release has the sizing function and
-  its Req / prepare layout is one the driver knows (0.5.13 - 0.5.23);
+- bug #2 CPU tier (test/srt/test_row_overflow.py) where the release imports on CPU (0.5.11 -
+  0.5.23): the whole tier where a function sizes the row (0.5.13+), the pristine overflow where
+  the row is sized inline (0.5.11 - 0.5.12);
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
   and what ``plugin.decide()`` says on the others.
 
@@ -62,11 +63,13 @@ class Release:
 
 
 RELEASES = [
-    Release("0.5.4", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier="row sized inline"),
-    Release("0.5.9", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier="row sized inline"),
-    Release("0.5.10", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier="row sized inline"),
-    Release("0.5.11", AFFECTED, NOT_COVERED, row_tier="row sized inline", plugin=True),
-    Release("0.5.12", AFFECTED, NOT_COVERED, row_tier="row sized inline", plugin=True),
+    # 0.5.4 - 0.5.12 size the row inline: bug #2 is "not covered"; on 0.5.11 / 0.5.12 the bug #2
+    # tier measures the pristine overflow (TestInlineSizedRowOverflow).
+    Release("0.5.4", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
+    Release("0.5.9", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
+    Release("0.5.10", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
+    Release("0.5.11", AFFECTED, NOT_COVERED, plugin=True),
+    Release("0.5.12", AFFECTED, NOT_COVERED, plugin=True),
     Release("0.5.13", AFFECTED, AFFECTED, plugin=True, upstream_tests=None),
     Release("0.5.14", AFFECTED, AFFECTED, plugin=True, upstream_tests=None),  # the base environment
     Release("0.5.15", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),

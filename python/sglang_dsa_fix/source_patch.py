@@ -115,9 +115,11 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
                 bug,
                 Verdict.NOT_COVERED,
                 detail=(
-                    "this release sizes the req_to_token row inline (no "
-                    "get_req_to_token_extra_context_len) beside a spec-v2 decode reservation; "
-                    "this tool neither judges nor fixes it"
+                    "this release sizes the req_to_token row inline (4 + D, "
+                    "model_executor/model_runner_kv_cache_mixin.py) beside the spec-v2 decode "
+                    "reservation, which writes D - 7 columns past it from D 8 (measured on "
+                    "0.5.11 - 0.5.12, where spec v2 is the default); there is no function to "
+                    "patch or hook, so this tool does not fix it: keep D <= 7 or move to 0.5.13+"
                 ),
             )
         what = "no DSA/NSA backend" if bug is Bug.PAGE_TABLE else "no spec-v2 decode reservation"

@@ -85,6 +85,8 @@ def require_interpreter() -> None:
 
 
 def sizing_module():
+    """The module holding ``get_req_to_token_extra_context_len``; None where the release sizes
+    the row inline (0.5.9 - 0.5.12, model_executor/model_runner_kv_cache_mixin.py)."""
     for name in ("sglang.srt.mem_cache.allocation_sizing", "sglang.srt.mem_cache.common"):
         try:
             module = importlib.import_module(name)
@@ -92,14 +94,16 @@ def sizing_module():
             continue
         if hasattr(module, "get_req_to_token_extra_context_len"):
             return module
-    raise RuntimeError("this sglang has no get_req_to_token_extra_context_len")
+    return None
 
 
 def sizing_args(server_args) -> tuple:
     """What the release's sizing functions are called with: ``(server_args,)``, or nothing from
     0.5.23, where they read the published runtime context (allocation_sizing.py:96)."""
-    installed = sizing_module().get_req_to_token_extra_context_len
-    return (server_args,) if inspect.signature(installed).parameters else ()
+    module = sizing_module()
+    if module is None:
+        return (server_args,)
+    return (server_args,) if inspect.signature(module.get_req_to_token_extra_context_len).parameters else ()
 
 
 def server_args_for(case: RowCase) -> SimpleNamespace:
@@ -197,12 +201,15 @@ def _kv_state(req, field: str):
 
 
 def _allocator(case: RowCase, size: int):
-    if case.page_size == 1:
+    """The release's token allocator: one module ``mem_cache/allocator.py`` up to 0.5.12, a
+    package (``allocator/token.py``, ``allocator/paged.py``) from 0.5.13."""
+    try:
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-
+    except ImportError:
+        from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    if case.page_size == 1:
         return TokenToKVPoolAllocator(size, torch.bfloat16, "cpu", None, False)
-    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-
     return PagedTokenToKVPoolAllocator(size, case.page_size, torch.bfloat16, "cpu", None, False)
 
 
@@ -246,6 +253,8 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     server_args = server_args_for(case)
+    if sizing_function is None and sizing_module() is None:
+        raise RuntimeError("this sglang sizes the row inline: pass its width as sizing_function")
     sizing = sizing_function or sizing_module().get_req_to_token_extra_context_len
     with global_server_args(server_args) as server_args:
         extra = sizing(*sizing_args(server_args))
@@ -289,6 +298,9 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
             device="cpu",
         )
         batch.req_pool_indices = torch.tensor([row], dtype=torch.int64)
+        # 0.5.9 - 0.5.12's prepare copies seq_lens to the host after the row write (eagle_info_v2.py
+        # 0.5.12:174); the value is not read by the reservation.
+        batch.seq_lens = torch.tensor([case.prompt_len], dtype=torch.int64)
         batch.sampling_info = SimpleNamespace(penalizer_orchestrator=SimpleNamespace(is_required=False))
         prepare = _prepare_for_decode()
         recorder = _WriteRecorder()
