@@ -59,17 +59,19 @@ class Release:
     cpu_tier: str | None = None  # None: run bug #1's tier; else why not
     row_tier: str | None = None  # None: run bug #2's tier; else why not
     plugin: bool = False  # plugin API present (0.5.11+)
+    row_inline: bool = False  # row sized inline (0.5.9 - 0.5.12): bug #2 in-tree only
     upstream_tests: str | None = UPSTREAM_LAYOUT  # None: run upstream/ tests; else why not
 
 
 RELEASES = [
-    # 0.5.4 - 0.5.12 size the row inline: bug #2 is "not covered"; on 0.5.11 / 0.5.12 the bug #2
-    # tier measures the pristine overflow (TestInlineSizedRowOverflow).
+    # 0.5.4 - 0.5.12 size the row inline: 0.5.4 bug #2 "not covered"; 0.5.9 - 0.5.12 in-tree patch
+    # only, and on 0.5.11 / 0.5.12 the bug #2 tier runs the inline-width cases
+    # (TestInlineSizedRowOverflow: pristine overflow, patched line clean).
     Release("0.5.4", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
-    Release("0.5.9", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
-    Release("0.5.10", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
-    Release("0.5.11", AFFECTED, NOT_COVERED, plugin=True),
-    Release("0.5.12", AFFECTED, NOT_COVERED, plugin=True),
+    Release("0.5.9", AFFECTED, AFFECTED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT, row_inline=True),
+    Release("0.5.10", AFFECTED, AFFECTED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT, row_inline=True),
+    Release("0.5.11", AFFECTED, AFFECTED, plugin=True, row_inline=True),
+    Release("0.5.12", AFFECTED, AFFECTED, plugin=True, row_inline=True),
     Release("0.5.13", AFFECTED, AFFECTED, plugin=True, upstream_tests=None),
     Release("0.5.14", AFFECTED, AFFECTED, plugin=True, upstream_tests=None),  # the base environment
     Release("0.5.15", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
@@ -235,6 +237,8 @@ def check_plugin_decisions(row: Row, release: Release, site: Path | None) -> Non
         bug.value: plugin.PLAN_STATE.get(verdict, "hooked")
         for bug, verdict in ((Bug.PAGE_TABLE, release.page_table), (Bug.ROW_OVERFLOW, release.row))
     }
+    if release.row_inline:
+        expected[Bug.ROW_OVERFLOW.value] = plugin.ROW_INLINE_STATE
     row.add("plugin decides", said == expected, json.dumps(said))
     proc = subprocess.run(
         [sys.executable, "-m", "sglang_dsa_fix", "status", "--json"],

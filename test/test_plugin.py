@@ -27,9 +27,10 @@ ROW_ARGS = dict(
     max_speculative_num_draft_tokens=12,
     page_size=1,
 )
-# Releases without the sizing function (< 0.5.13): bug #2 not covered, nothing to call.
-ROW_PRISTINE = 4 + 12 if ROW_SITE else None
-ROW_FIXED = 2 * 12 - width.committed_margin(INSTALLED.version) if ROW_SITE else None  # 21 on 0.5.14
+# 0.5.13+: a sizing function the plugin hooks (0.5.9 - 0.5.12 size the row inline: apply only).
+ROW_HOOKED = ROW_SITE is not None and ROW_SITE.hookable
+ROW_PRISTINE = 4 + 12 if ROW_HOOKED else None
+ROW_FIXED = 2 * 12 - width.committed_margin(INSTALLED.version) if ROW_HOOKED else None  # 21 on 0.5.14
 
 
 def _child(env, queue):
@@ -131,7 +132,7 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
             f"{POOL_WIDTH} columns (req_to_token)",
             infos,
         )
-        if ROW_SITE:
+        if ROW_HOOKED:
             self.assertIn(
                 f"sglang-dsa-fix: req_to_token row headroom raised from {ROW_PRISTINE} to "
                 f"{ROW_FIXED} columns past context_len (spec-v2 decode reservation)",
@@ -139,7 +140,7 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
             )
         summary = [m for m in infos if m.startswith(f"sglang-dsa-fix {plugin.__version__} (pid")]
         self.assertTrue(summary, infos)
-        if ROW_SITE:  # 0.5.13+: the scheduler imports on CPU, so /server_info is checked
+        if ROW_HOOKED:  # 0.5.13+: the scheduler imports on CPU, so /server_info is checked
             bugs = out["internal"]["bugs"]
             self.assertTrue(bugs["page_table"]["state"].startswith("applied"), bugs)
             self.assertEqual(bugs["req_to_token_row"]["extra"], [ROW_PRISTINE, ROW_FIXED])
@@ -166,7 +167,7 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
         out = run_in_spawned_process(SGLANG_PLUGINS="someone_else")
         self.assertEqual((out["buffer"], out["row_extra"]), (PRISTINE_WIDTH, ROW_PRISTINE))
         self.assertEqual(out["records"], [])  # never loaded
-        if ROW_SITE:  # (the scheduler imports on CPU): the plugin never loaded, no state
+        if ROW_HOOKED:  # (the scheduler imports on CPU): the plugin never loaded, no state
             self.assertIsNone(out["internal"])
         out = run_in_spawned_process(SGLANG_PLUGINS=plugin.ENTRY_POINT_NAME)
         self.assertEqual(out["buffer"], out["pool"])

@@ -16,11 +16,18 @@ ATTENTION_DIR = "srt/layers/attention"
 # context_len: mem_cache/allocation_sizing.py from 0.5.16 (:46), mem_cache/common.py in
 # 0.5.13 - 0.5.15 (0.5.14 :251). Newest first. 0.5.11 - 0.5.12 size the row inline in
 # model_executor/model_runner_kv_cache_mixin.py (0.5.12 :245-247) with the same spec-v2
-# reservation in speculative/eagle_info_v2.py: there the tool reports bug #2 as not covered.
+# reservation in speculative/eagle_info_v2.py (0.5.9 - 0.5.10 also in the mixin, 0.5.9 :424):
+# there the in-tree patch changes that block; nothing to hook, so the plugin cannot. 0.5.4 sizes
+# it inline in model_runner.py and has no get_alloc_len_per_decode: bug #2 not covered there.
 ROW_SIZING_FILES = ("srt/mem_cache/allocation_sizing.py", "srt/mem_cache/common.py")
 ROW_SIZING_FUNCTION = "get_req_to_token_extra_context_len"
 RESERVE_FUNCTION = "get_alloc_reserve_per_decode"
 SPEC_V2_DECODE_FILE = "srt/speculative/eagle_info_v2.py"
+INLINE_ROW_FILE = "srt/model_executor/model_runner_kv_cache_mixin.py"
+INLINE_ROW_VARIABLE = "extra_max_context_len"
+# Where 0.5.9 - 0.5.12 define A (0.5.12 managers/utils.py:213; the reservation is 2·A).
+INLINE_ALLOC_FILE = "srt/managers/utils.py"
+INLINE_ALLOC_FUNCTION = "get_alloc_len_per_decode"
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ FILES_READ = (
     *(layout.relative_path for layout in LAYOUTS),
     *ROW_SIZING_FILES,
     SPEC_V2_DECODE_FILE,
+    INLINE_ROW_FILE,
+    INLINE_ALLOC_FILE,
     PLUGIN_API_FILE,
     *PLUGINLESS_LAUNCHERS,
 )

@@ -145,6 +145,10 @@ def _internal_state_body(result, *args, **kwargs):
     return None
 
 
+# 0.5.9 - 0.5.12 size the row inline in ModelRunner: no function for a hook to widen.
+ROW_INLINE_STATE = "not fixed by the plugin (this release sizes the row inline): run `sglang-dsa-fix apply`"
+
+
 def decide():
     """[(bug, state, hook target, hook)] for this tree. Target None: nothing to hook."""
     from sglang_dsa_fix import source_patch, tree
@@ -160,6 +164,8 @@ def decide():
             plans.append((bug, PLAN_STATE[verdict.value], None, None))
         elif not enabled(switch):
             plans.append((bug, f"disabled ({KILL_SWITCH}={switch.strip()})", None, None))
+        elif not site.hookable:
+            plans.append((bug, ROW_INLINE_STATE, None, None))
         elif bug is Bug.PAGE_TABLE:
             from sglang_dsa_fix.sites import backend_file
 

@@ -33,10 +33,10 @@ PAGE_TABLE_COMMENT = (
 )
 
 
-def row_comment(margin: int) -> tuple[str, ...]:
+def row_comment(margin: int, reserve: str = f"{backends.RESERVE_FUNCTION}()") -> tuple[str, ...]:
     return (
         "# Hold the spec-v2 decode reservation: it writes this row up to kv_committed_len +",
-        f"# {backends.RESERVE_FUNCTION}(), and kv_committed_len reaches context_len - {margin}.",
+        f"# {reserve}, and kv_committed_len reaches context_len - {margin}.",
     )
 
 
@@ -54,6 +54,7 @@ class Site:
     found: str  # what sglang has at the site (the width expression, or ``return extra``)
     patched_here: bool  # the file already carries exactly this tool's change
     fixed_upstream: bool = False
+    hookable: bool = True  # False: no function to hook (row sized inline): in-tree patch only
 
     def patched_bytes(self) -> bytes:
         data = self.data
@@ -238,10 +239,10 @@ def has_spec_v2_reservation(tree: SglangTree) -> bool:
 
 
 def row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
-    """Bug #2's site, or None where the release has no row sizing function. ToolError if unrecognised."""
+    """Bug #2's site, or None where this tool has none. ToolError if unrecognised."""
     path, read = row_sizing_file(tree)
     if path is None:
-        return None
+        return inline_row_site(tree, data)
     data = read if data is None else data
     module = _parse(path, data)
     functions = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
@@ -262,23 +263,74 @@ def row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
     call_args = "server_args" if "server_args" in params else ""
     margin = width.committed_margin(tree.version)
     replacement = f"{variable} = max({variable}, {backends.RESERVE_FUNCTION}({call_args}) - {margin})"
-    comment = row_comment(margin)
+    return _row_statement_before(path, data, last, row_comment(margin), replacement, f"return {variable}")
+
+
+def _row_statement_before(path, data, anchor: ast.stmt, comment, replacement, found, hookable=True) -> Site:
+    """Bug #2's change: ``comment`` and the ``replacement`` statement inserted right above
+    ``anchor``, at its indent; the file carries it already when exactly those lines are there."""
     lines = data.splitlines(keepends=True)
-    start = _byte_offset(lines, last.lineno, last.col_offset)
-    above = _lines_above(lines, last.lineno, len(comment) + 1)
+    start = _byte_offset(lines, anchor.lineno, anchor.col_offset)
     return Site(
         bug=Bug.ROW_OVERFLOW,
         path=path,
         data=data,
-        line_start=_byte_offset(lines, last.lineno, 0),
+        line_start=_byte_offset(lines, anchor.lineno, 0),
         start=start,
         end=start,
-        lineno=last.lineno,
+        lineno=anchor.lineno,
         comment=comment,
         replacement=replacement,
-        found=f"return {variable}",
-        patched_here=above == [*comment, replacement],
+        found=found,
+        patched_here=_lines_above(lines, anchor.lineno, len(comment) + 1) == [*comment, replacement],
+        hookable=hookable,
     )
+
+
+def inline_row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
+    """0.5.9 - 0.5.12 size the row inline in ModelRunner (0.5.12 model_runner_kv_cache_mixin.py
+    :245-247: ``extra_max_context_len = 4``, then ``+= speculative_num_draft_tokens`` under an
+    ``if``). The change goes right after that ``if``: raise the variable to
+    ``width.row_extra_floor(2·A)`` with A = max(steps, D), what ``get_alloc_len_per_decode``
+    gives at topk 1 (0.5.12 managers/utils.py:232-233), the only topk spec v2 runs there. Not a
+    call to it: it raises for page > 1 with topk > 1, which a spec-v1 deployment may use.
+    None where the release has no such block or no ``get_alloc_len_per_decode``."""
+    path = tree.file(backends.INLINE_ROW_FILE)
+    alloc = tree.file(backends.INLINE_ALLOC_FILE)
+    if not (has_spec_v2_reservation(tree) and _is_file(path) and _is_file(alloc)):
+        return None
+    if f"def {backends.INLINE_ALLOC_FUNCTION}(".encode() not in _read(alloc):
+        return None
+    data = _read(path) if data is None else data
+    variable = backends.INLINE_ROW_VARIABLE
+    margin = width.committed_margin(tree.version)
+    args = "self.server_args"
+    alloc_len = f"max({args}.speculative_num_steps or 1, {args}.speculative_num_draft_tokens or 0)"
+    replacement = f"{variable} = max({variable}, 2 * {alloc_len} - {margin})"
+    comment = row_comment(margin, f"2 * {backends.INLINE_ALLOC_FUNCTION}()")
+    ours = {replacement}
+    lines = data.splitlines(keepends=True)
+    for body in (n.body for n in ast.walk(_parse(path, data)) if isinstance(getattr(n, "body", None), list)):
+        for i, node in enumerate(body):
+            grows = (
+                isinstance(node, ast.If)
+                and not node.orelse
+                and len(node.body) == 1
+                and isinstance(node.body[0], ast.AugAssign)
+                and isinstance(node.body[0].target, ast.Name)
+                and node.body[0].target.id == variable
+            )
+            # The statement after the `if`, past what this tool inserted there.
+            after = [n for n in body[i + 1 :] if _source_line(lines, n) not in ours][:1]
+            if not grows or not after:
+                continue
+            found = f"{variable} += …"
+            return _row_statement_before(path, data, after[0], comment, replacement, found, hookable=False)
+    return None
+
+
+def _source_line(lines: list[bytes], node: ast.stmt) -> str:
+    return lines[node.lineno - 1].strip().decode("utf-8", "replace")
 
 
 LOCATORS = {Bug.PAGE_TABLE: page_table_site, Bug.ROW_OVERFLOW: row_site}

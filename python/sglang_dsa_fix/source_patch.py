@@ -115,11 +115,9 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
                 bug,
                 Verdict.NOT_COVERED,
                 detail=(
-                    "this release sizes the req_to_token row inline (4 + D, "
-                    "model_executor/model_runner_kv_cache_mixin.py) beside the spec-v2 decode "
-                    "reservation, which writes D - 7 columns past it from D 8 (measured on "
-                    "0.5.11 - 0.5.12, where spec v2 is the default); there is no function to "
-                    "patch or hook, so this tool does not fix it: keep D <= 7 or move to 0.5.13+"
+                    "this release sizes the req_to_token row inline in model_runner.py beside an "
+                    "opt-in spec-v2 decode reservation (0.5.4: --enable-beta-spec) and has no "
+                    "get_alloc_len_per_decode to size it by; this tool neither judges nor fixes it"
                 ),
             )
         what = "no DSA/NSA backend" if bug is Bug.PAGE_TABLE else "no spec-v2 decode reservation"

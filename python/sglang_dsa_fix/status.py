@@ -129,7 +129,7 @@ def _fix_live(state, plugin_info) -> Optional[str]:
         return "in-tree"
     if state.verdict is Verdict.FIXED_UPSTREAM:
         return "upstream"
-    if state.verdict is Verdict.AFFECTED and plugin_info["live"]:
+    if state.verdict is Verdict.AFFECTED and plugin_info["live"] and state.site.hookable:
         return "plugin"
     return None
 
@@ -186,7 +186,7 @@ def collect(root: Optional[str], shape: Optional[width.SpecShape] = None) -> dic
                 code = EXIT_PROTECTED
         entry["exit_code"] = code
         if code == EXIT_AFFECTED:
-            entry["advice"] = _advice(plugin_info)
+            entry["advice"] = _advice(plugin_info, state.site)
         bugs.append(entry)
     report = {
         "sglang_version": tree.version,
@@ -200,7 +200,9 @@ def collect(root: Optional[str], shape: Optional[width.SpecShape] = None) -> dic
     return report
 
 
-def _advice(plugin_info) -> str:
+def _advice(plugin_info, site) -> str:
+    if site is not None and not site.hookable:
+        return "the plugin cannot fix this on this release (row sized inline): run `sglang-dsa-fix apply`"
     if not plugin_info["sglang_has_plugin_api"]:
         return "this release has no plugin API (sglang < 0.5.11): run `sglang-dsa-fix apply`"
     return "install sglang-dsa-fix into the server's environment (the plugin), or run `sglang-dsa-fix apply`"

@@ -175,9 +175,10 @@ class TestRowRuleAgainstSglang(CustomTestCase):
 class TestInlineSizedRowOverflow(CustomTestCase):
     """0.5.11 - 0.5.12 run spec v2 by default (0.5.9 - 0.5.10 with SGLANG_ENABLE_SPEC_V2=1) with
     the same reservation, but size the row inline: ``extra_max_context_len = 4`` plus D
-    (0.5.12 model_executor/model_runner_kv_cache_mixin.py:245-247). This tool has no fix there
-    (bug #2 "not covered"); this measures what the release does: the real prepare and kernel
-    with a row of that width, which the test first finds in the installed source."""
+    (0.5.12 model_executor/model_runner_kv_cache_mixin.py:245-247), nothing the plugin could
+    hook. The real prepare and kernel with a row of that width (found in the installed source
+    first) overflow; with the lines the in-tree patch writes there (executed from a patched
+    copy) they do not."""
 
     def test_the_inline_width_overflows_as_the_rule_says(self):
         import sglang.srt.model_executor.model_runner_kv_cache_mixin as mixin
@@ -195,6 +196,16 @@ class TestInlineSizedRowOverflow(CustomTestCase):
                 self.assertEqual(result.canary_clobbered, expected)
                 overflowing += expected > 0
         self.assertGreater(overflowing, 0)
+
+    def test_the_patched_block_holds_the_reservation(self):
+        with patched_copy() as patched:
+            self.assertIsNotNone(patched.sizing_function)
+            for D, page in itertools.product((7, 8, 9, 12, 16), (1, 64)):
+                case = row_overflow.RowCase(256, D, page, True, 100)
+                with self.subTest(D=D, page=page):
+                    result = row_overflow.run(case, patched.sizing_function)
+                    self.assertTrue(result.clean, result)
+                    self.assertEqual(result.row_extra, width.fixed_row_extra(VERSION, shape_of(case)))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from sglang_dsa_fix import sites, source_patch
 from sglang_dsa_fix import tree as trees
@@ -37,6 +38,23 @@ def _load(path: Path, installed_name: str):
     return module
 
 
+def _inline_sizing(site: sites.Site):
+    """0.5.9 - 0.5.12: the row extra of the patched ``ModelRunner`` block as a function of the
+    server args: sglang's own start (``4 + speculative_num_draft_tokens``, which the CPU tier
+    finds in the installed source), then the lines ``apply`` wrote into the copy, executed."""
+    line = site.path.read_text().splitlines()[site.lineno - 2]  # the statement apply put there
+    code = compile(line.strip(), str(site.path), "exec")
+
+    def sizing(server_args):
+        variable = sites.backends.INLINE_ROW_VARIABLE
+        namespace = {"self": SimpleNamespace(server_args=server_args)}
+        namespace[variable] = 4 + (server_args.speculative_num_draft_tokens or 0)
+        exec(code, namespace)
+        return namespace[variable]
+
+    return sizing
+
+
 @contextlib.contextmanager
 def patched_copy():
     """Yield a PatchedCopy of the installed sglang; the copy is deleted after."""
@@ -49,6 +67,8 @@ def patched_copy():
         try:
             modules = {}
             for state in outcome.states:
+                if state.site is not None and not state.site.hookable:  # row sized inline
+                    continue
                 if state.site is not None and state.site.path in outcome.changed:
                     relative = state.site.path.relative_to(copy.package_parent).with_suffix("")
                     installed_name = ".".join(relative.parts)
@@ -60,6 +80,9 @@ def patched_copy():
                 patched.backend_class = getattr(modules[Bug.PAGE_TABLE], layout.class_name)
             if Bug.ROW_OVERFLOW in modules:
                 patched.sizing_function = modules[Bug.ROW_OVERFLOW].get_req_to_token_extra_context_len
+            row = sites.row_site(copy)  # as patched
+            if row is not None and not row.hookable and row.patched_here:
+                patched.sizing_function = _inline_sizing(row)
             yield patched
         finally:
             for name in names:
