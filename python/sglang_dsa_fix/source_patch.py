@@ -116,8 +116,9 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
                 Verdict.NOT_COVERED,
                 detail=(
                     "this release sizes the req_to_token row inline in model_runner.py beside an "
-                    "opt-in spec-v2 decode reservation (0.5.4: --enable-beta-spec) and has no "
-                    "get_alloc_len_per_decode to size it by; this tool neither judges nor fixes it"
+                    "opt-in spec-v2 decode reservation of another form (0.5.4: --enable-beta-spec, "
+                    "seq_lens + A instead of kv_committed_len + 2A); this tool neither judges nor "
+                    "fixes it"
                 ),
             )
         what = "no DSA/NSA backend" if bug is Bug.PAGE_TABLE else "no spec-v2 decode reservation"
