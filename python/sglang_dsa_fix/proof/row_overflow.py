@@ -3,7 +3,7 @@
 Real sglang parts, per release: the row sizing (``get_req_to_token_extra_context_len``),
 ``ReqToTokenPool``, the token allocator (``TokenToKVPoolAllocator`` at page 1,
 ``PagedTokenToKVPoolAllocator`` otherwise, whose ``alloc_extend`` is a Triton kernel),
-the disabled tree cache (``ChunkCache``; 0.5.23 a disabled ``UnifiedRadixCache``), ``Req``
+the disabled tree cache (``ChunkCache``; from 0.5.22 a disabled ``UnifiedRadixCache``), ``Req``
 (its KV bookkeeping moving into ``Req.kv`` over 0.5.16 - 0.5.19), ``ScheduleBatch``, the
 published server args (0.5.17+ through sglang's scoped test override), the spec-v2 prepare (0.5.13 / 0.5.14
 ``EagleDraftInputV2Mixin.prepare_for_decode``, 0.5.15+ ``eagle_utils.eagle_prepare_for_decode``)
@@ -214,9 +214,10 @@ def _allocator(case: RowCase, size: int):
 
 
 def _disabled_tree_cache(pool, allocator, page_size: int):
-    """What the scheduler builds with the radix cache off: ``ChunkCache`` until 0.5.22, a disabled
-    ``UnifiedRadixCache`` holding the full-attention component from 0.5.23
-    (0.5.23 mem_cache/registry.py:86-99 -> create_unified_radix_cache, :165 and :191)."""
+    """What the scheduler builds with the radix cache off: ``ChunkCache`` up to 0.5.21 (the
+    0.5.22 wheel has no chunk_cache.py), a disabled ``UnifiedRadixCache`` holding the
+    full-attention component after that (0.5.23 mem_cache/registry.py:86-99 ->
+    create_unified_radix_cache, :165 and :191)."""
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     params = CacheInitParams(
