@@ -320,9 +320,11 @@ def inline_row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[
                 and isinstance(node.body[0].target, ast.Name)
                 and node.body[0].target.id == variable
             )
+            if not grows:
+                continue
             # The statement after the `if`, past what this tool inserted there.
             after = [n for n in body[i + 1 :] if _source_line(lines, n) not in ours][:1]
-            if not grows or not after:
+            if not after:
                 continue
             found = f"{variable} += …"
             return _row_statement_before(path, data, after[0], comment, replacement, found, hookable=False)
