@@ -237,7 +237,7 @@ def install_plugin(site: Path) -> None:
         "sglang_dsa_fix",
         __version__,
         [REPO / "python" / "sglang_dsa_fix"],
-        f"{plugin.ENTRY_POINT_NAME} = sglang_dsa_fix.plugin:register",
+        f"{plugin.ENTRY_POINT_NAMES[0]} = sglang_dsa_fix.plugin:register",
     )
 
 

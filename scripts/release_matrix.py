@@ -47,7 +47,7 @@ AFFECTED, FIXED_UPSTREAM, NOT_APPLICABLE, NOT_COVERED = (
     "affected",
     "fixed upstream",
     "not applicable",
-    "not covered by this tool",
+    "cannot tell",
 )
 
 

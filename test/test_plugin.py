@@ -30,7 +30,10 @@ ROW_ARGS = dict(
 # 0.5.13+: a sizing function the plugin hooks (0.5.9 - 0.5.12 size the row inline: apply only).
 ROW_HOOKED = ROW_SITE is not None and ROW_SITE.hookable
 ROW_PRISTINE = 4 + 12 if ROW_HOOKED else None
-ROW_FIXED = 2 * 12 - width.committed_margin(INSTALLED.version) if ROW_HOOKED else None  # 21 on 0.5.14
+ROW_FIXED = width.row_extra_floor(2 * 12) if ROW_HOOKED else None  # the whole reservation: 24
+# With the plugin the pool's row holds the whole reservation at D 5 too (2·5 > 4 + 5) where the
+# plugin hooks the sizing; the graph buffer follows the pool either way.
+FIXED_POOL_WIDTH = 512 + max(4 + 5, width.row_extra_floor(2 * 5)) if ROW_HOOKED else POOL_WIDTH
 
 
 def _child(env, queue):
@@ -122,20 +125,20 @@ def run_in_spawned_process(**env):
 class TestPluginInSpawnedProcess(unittest.TestCase):
     def test_plugin_fixes_both_bugs_and_reports_it(self):
         out = run_in_spawned_process()
-        # At D 5 the row keeps sglang's 4 + D (2·5 - 3 < 9); the graph buffer follows the pool.
-        self.assertEqual(out["buffer"], out["pool"], out["records"])
+        self.assertEqual((out["buffer"], out["pool"]), (FIXED_POOL_WIDTH, FIXED_POOL_WIDTH), out["records"])
         self.assertEqual((out["error"], out["mismatched"]), (None, 0))
         self.assertEqual(out["row_extra"], ROW_FIXED)
         infos = [m for level, m in out["records"] if level == "INFO"]
         self.assertIn(
             f"sglang-dsa-fix: CUDA-graph page_table widened from {PRISTINE_WIDTH} to "
-            f"{POOL_WIDTH} columns (req_to_token)",
+            f"{FIXED_POOL_WIDTH} columns (req_to_token)",
             infos,
         )
         if ROW_HOOKED:
             self.assertIn(
-                f"sglang-dsa-fix: req_to_token row headroom raised from {ROW_PRISTINE} to "
-                f"{ROW_FIXED} columns past context_len (spec-v2 decode reservation)",
+                # (logged once per process: the first raise, the D 5 pool's)
+                f"sglang-dsa-fix: req_to_token row headroom raised from {4 + 5} to "
+                f"{FIXED_POOL_WIDTH - 512} columns past context_len (spec-v2 decode reservation)",
                 infos,
             )
         summary = [m for m in infos if m.startswith(f"sglang-dsa-fix {plugin.__version__} (pid")]
@@ -169,7 +172,7 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
         self.assertEqual(out["records"], [])  # never loaded
         if ROW_HOOKED:  # (the scheduler imports on CPU): the plugin never loaded, no state
             self.assertIsNone(out["internal"])
-        out = run_in_spawned_process(SGLANG_PLUGINS=plugin.ENTRY_POINT_NAME)
+        out = run_in_spawned_process(SGLANG_PLUGINS=plugin.ENTRY_POINT_NAMES[1])
         self.assertEqual(out["buffer"], out["pool"])
 
 

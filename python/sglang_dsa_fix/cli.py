@@ -14,8 +14,9 @@ import sys
 
 from sglang_dsa_fix import __version__, source_patch
 from sglang_dsa_fix import tree as trees
+from sglang_dsa_fix.resolve import GPU_PROFILE_NAMES
 from sglang_dsa_fix.tree import ToolError
-from sglang_dsa_fix.verdicts import EXIT_CANNOT_TELL, EXIT_PROTECTED, Bug, combined_exit
+from sglang_dsa_fix.verdicts import EXIT_CANNOT_TELL, EXIT_PROTECTED, Bug
 
 PROG = "sglang-dsa-fix"
 
@@ -23,15 +24,19 @@ PROG = "sglang-dsa-fix"
 def _state_line(state: dict) -> str:
     where = f" ({state['file']}:{state['line']}: `{state['found']}`)" if "file" in state else ""
     detail = f"; {state['detail']}" if state.get("detail") else ""
-    return f"{Bug(state['bug']).title}: {state['verdict']}{where}{detail}"
+    text = state.get("state_text", state["verdict"])
+    return f"{Bug(state['bug']).title}: {text}{where}{detail}"
 
 
 def run_check(args) -> tuple[dict, str, int]:
-    states = source_patch.check(trees.find_tree(args.sglang_root))
-    data = {"bugs": [s.to_dict() for s in states]}
-    code = combined_exit(s.verdict.exit_code for s in states)
-    data["exit_code"] = code
-    return data, "\n".join(_state_line(s) for s in data["bugs"]), code
+    from sglang_dsa_fix import status
+
+    report = status.collect(args.sglang_root)
+    lines = [_state_line(b) for b in report["bugs"]]
+    lines += [f"  advice: {b['advice']}" for b in report["bugs"] if "advice" in b]
+    if report.get("version_note"):
+        lines.append(f"note: {report['version_note']}")
+    return report, "\n".join(lines), report["exit_code"]
 
 
 def _outcome_text(outcome) -> str:
@@ -42,51 +47,127 @@ def _outcome_text(outcome) -> str:
 
 
 def run_apply(args) -> tuple[dict, str, int]:
-    outcome = source_patch.apply(trees.find_tree(args.sglang_root))
-    return outcome.to_dict(), _outcome_text(outcome), EXIT_PROTECTED
+    tree = trees.find_tree(args.sglang_root)
+    outcome = source_patch.apply(tree)
+    return {"sglang_version": tree.version, **outcome.to_dict()}, _outcome_text(outcome), EXIT_PROTECTED
 
 
 def run_revert(args) -> tuple[dict, str, int]:
-    outcome = source_patch.revert(trees.find_tree(args.sglang_root))
-    return outcome.to_dict(), _outcome_text(outcome), EXIT_PROTECTED
+    tree = trees.find_tree(args.sglang_root)
+    outcome = source_patch.revert(tree)
+    return {"sglang_version": tree.version, **outcome.to_dict()}, _outcome_text(outcome), EXIT_PROTECTED
 
 
 def run_diff(args) -> tuple[dict, str, int]:
-    diff = source_patch.upstream_diff(trees.find_tree(args.sglang_root))
-    return {"diff": diff.decode("utf-8", "surrogateescape")}, diff, EXIT_PROTECTED
+    tree = trees.find_tree(args.sglang_root)
+    diff = source_patch.upstream_diff(tree)
+    data = {"sglang_version": tree.version, "diff": diff.decode("utf-8", "surrogateescape")}
+    return data, diff, EXIT_PROTECTED
 
 
 def run_status(args) -> tuple[dict, str, int]:
     from sglang_dsa_fix import status, width
 
-    if args.url:
-        report = status.from_server(args.url)
-    else:
-        shape = None
-        if args.context_length is not None:
-            D = args.speculative_num_draft_tokens
-            shape = width.SpecShape(
-                context_length=args.context_length,
-                speculative_num_draft_tokens=D,
-                speculative_num_steps=args.speculative_num_steps or max(1, D - 1),
-                speculative_eagle_topk=args.speculative_eagle_topk,
-                page_size=args.page_size,
-                has_draft_kv=args.speculative_algorithm != "NGRAM",
-                overlap=not args.disable_overlap_schedule,
-            )
-        report = status.collect(args.sglang_root, shape)
+    if args.url is not None:
+        from sglang_dsa_fix import server_status
+
+        timeout = args.timeout or server_status.DEFAULT_TIMEOUT
+        report = server_status.from_server(args.url, timeout=timeout, api_key=args.api_key)
+        return report, render_server(report), report["exit_code"]
+    resolved = None
+    if args.launch_args is not None:
+        from sglang_dsa_fix import resolve
+
+        resolved = resolve.resolve(
+            trees.find_tree(args.sglang_root), args.launch_args, python=args.python, gpu=args.gpu
+        )
+    elif args.context_length is not None:
+        D = args.speculative_num_draft_tokens
+        shape = width.SpecShape(
+            context_length=args.context_length,
+            speculative_num_draft_tokens=D,
+            speculative_num_steps=args.speculative_num_steps or max(1, D - 1),
+            speculative_eagle_topk=args.speculative_eagle_topk or 1,
+            page_size=args.page_size or 1,
+            has_draft_kv=args.speculative_algorithm != "NGRAM",
+            overlap=not args.disable_overlap_schedule,
+        )
+        from sglang_dsa_fix import sites
+
+        version = sites.arithmetic_version(trees.find_tree(args.sglang_root))[0]
+        resolved = status.static_configuration(shape, version)
+    report = status.collect(args.sglang_root, resolved)
     return report, render_status(report), report["exit_code"]
 
 
+def render_server(report: dict) -> str:
+    """``status --url``: one row per role and rank, one column per bug, then the notes."""
+    names = list(dict.fromkeys(name for rank in report["ranks"] for name in rank["bugs"]))
+    known = {bug.value: bug.title.split(" (")[0] for bug in Bug}
+    header = ["role", "rank", *(known.get(name, name) for name in names), "exit"]
+    rows, notes = [], []
+    for rank in report["ranks"]:
+        role = rank["role"] if rank["role"] == "server" else f"{rank['role']}#{rank['server']}"
+        notes += [f"{role} rank {rank['rank']}: {note}" for note in rank["notes"]]
+        states = [rank["bugs"].get(name, {}).get("state", "-") for name in names]
+        rows.append([role, str(rank["rank"]), *states, str(rank["exit_code"])])
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [f"server {report['endpoint']} (sglang {report['sglang_version'] or 'version unknown'})"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines + notes + report["notes"])
+
+
+def _configuration_lines(report: dict) -> list:
+    config = report["configuration"]
+    if report["basis"] == "static":
+        head = "configuration (static rule from the shape flags; sglang's own resolution not used"
+        head += f": {report['basis_note']})" if report.get("basis_note") else ")"
+    else:
+        head = f"configuration resolved by sglang {report.get('resolved_with', '')}".rstrip()
+    sources = report.get("sources", {})
+    values = ", ".join(
+        f"{name} {value}" + (f" ({sources[name]})" if name in sources else "")
+        for name, value in config.items()
+        if value is not None
+    )
+    return [f"{head}:", f"  {values}"]
+
+
+def _at_configuration_line(bug: dict) -> str:
+    at = bug["at_configuration"]
+    if at.get("why_not"):
+        return f"  at this configuration: not reachable ({at['why_not']})"
+    if bug["bug"] == Bug.PAGE_TABLE.value:
+        verdict = (
+            f"target_verify overflows for seq_len {at['overflowing_seq_lens'][0]}.."
+            f"{at['overflowing_seq_lens'][1]}"
+            if at["reachable"]
+            else "cannot overflow"
+            if at["reachable"] is False
+            else "width expression not evaluated"
+        )
+        return (
+            f"  at this configuration: req_to_token width {at['req_to_token_width']}, graph "
+            f"page_table width {at['graph_page_table_width']}, longest target_verify seq_len "
+            f"{at['longest_verify_seq_len']} -> {verdict}"
+        )
+    verdict = (
+        f"the last decode reservation writes {at['columns_past_row_end']} column(s) into the next "
+        "request's row"
+        if at["reachable"]
+        else "no write past the row end"
+    )
+    return (
+        f"  at this configuration: row headroom {at['row_extra']}, decode reservation "
+        f"{at['decode_reserve']}, needs {at['row_extra_needed']} -> {verdict} (with the fix: "
+        f"headroom {at['row_extra_with_fix']})"
+    )
+
+
 def render_status(report: dict) -> str:
-    if "url" in report:
-        lines = [f"server {report['url']} (sglang {report['sglang_version']})"]
-        for i, rank in enumerate(report["ranks"]):
-            lines.append(f"rank {i}: " + (rank or {}).get("summary", "plugin not running"))
-        if "detail" in report:
-            lines.append(report["detail"])
-        return "\n".join(lines)
     lines = [f"sglang {report['sglang_version']} at {report['sglang_path']}"]
+    if report.get("version_note"):
+        lines.append(f"note: {report['version_note']}")
     p = report["plugin"]
     lines.append(
         f"plugin: {'installed' if p['installed'] else 'not installed'} in {p['where']}"
@@ -94,41 +175,16 @@ def render_status(report: dict) -> str:
         + (f"; {p['kill_switch']}" if p["live"] else "")
     )
     lines += [f"  plugin not loaded by {note}" for note in p["not_loaded_by"] if p["live"]]
+    if "configuration" in report:
+        lines += _configuration_lines(report)
     for bug in report["bugs"]:
         title = Bug(bug["bug"]).title
         where = f" ({bug['file']}:{bug['line']}: `{bug['found']}`)" if "file" in bug else ""
-        live = f" — fix live: {bug['fix_live']}" if bug["fix_live"] else ""
-        lines.append(f"{title}: {bug['verdict']}{live}{where}")
+        lines.append(f"{title}: {bug['state_text']}{where}")
         if bug["detail"]:
             lines.append(f"  {bug['detail']}")
-        shape = bug.get("shape")
-        if shape and bug["bug"] == Bug.PAGE_TABLE.value:
-            lines.append(
-                f"  at this shape: req_to_token width {shape['req_to_token_width']}, graph "
-                f"page_table width {shape['graph_page_table_width']} -> target_verify "
-                + (
-                    f"overflows for seq_len {shape['overflowing_seq_lens'][0]}.."
-                    f"{shape['overflowing_seq_lens'][1]}"
-                    if shape["overflows"]
-                    else "cannot overflow"
-                )
-            )
-        elif shape:
-            lines.append(
-                f"  at this shape: row headroom {shape['row_extra']}, needs "
-                f"{shape['row_extra_needed']} -> "
-                + (
-                    f"the last decode reservation writes {shape['columns_past_row_end']} column(s) "
-                    "into the next request's row"
-                    if shape["overflows"]
-                    else "no write past the row end"
-                    + (
-                        f" (without the fix: {shape['columns_past_row_end_without_fix']})"
-                        if shape["columns_past_row_end_without_fix"]
-                        else ""
-                    )
-                )
-            )
+        if "at_configuration" in bug:
+            lines.append(_at_configuration_line(bug))
         if "advice" in bug:
             lines.append(f"  advice: {bug['advice']}")
     return "\n".join(lines)
@@ -137,13 +193,18 @@ def render_status(report: dict) -> str:
 def run_demo(args) -> tuple[dict, str, int]:
     if args.sglang_root:
         raise ToolError("demo imports and runs the importable sglang; --sglang-root does not apply")
-    import torch
+    try:
+        import torch
 
+        from sglang_dsa_fix.proof import demo
+    except ImportError as exc:
+        raise ToolError(
+            f"demo runs the real sglang code and needs torch and sglang here ({exc}); `make demo` "
+            "builds that environment"
+        ) from None
     if args.device != "cuda" and not torch.cuda.is_available():
         # sglang's Triton kernels run on CPU under Triton's interpreter: set before triton loads.
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from sglang_dsa_fix.proof import demo
-
     code = demo.run(
         args.context_length,
         args.speculative_num_draft_tokens,
@@ -158,6 +219,16 @@ def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
 
 
@@ -188,7 +259,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         if _Parser.json_requested:
-            print(json.dumps({"error": message, "exit_code": EXIT_CANNOT_TELL}))
+            print(json.dumps(_contract({"error": message, "exit_code": EXIT_CANNOT_TELL})))
         self.print_usage(sys.stderr)
         self.exit(EXIT_CANNOT_TELL, f"{self.prog}: error: {message}\n")
 
@@ -199,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fix, check and undo the DSA/EAGLE req_to_token width "
         "bugs in an installed sglang or a checkout.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}")
     common = _Parser(add_help=False)
     common.add_argument(
         "--sglang-root",
@@ -208,25 +279,65 @@ def build_parser() -> argparse.ArgumentParser:
         help="sglang source checkout (holding python/sglang) or site-packages; "
         "default: the importable sglang",
     )
-    common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument("--json", action="store_true", help="machine-readable output (JSON on every path)")
+    common.add_argument("--no-json", dest="json", action="store_false", default=False, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     parsers = {
         name: sub.add_parser(name, help=text, description=text, parents=[common])
         for name, (_, text) in COMMANDS.items()
     }
     status = parsers["status"]
-    status.add_argument(
-        "--url", help="a running server (http://HOST:PORT): read the plugin's state from /server_info"
+    status.usage = (
+        "%(prog)s [--sglang-root DIR] [--python PATH] [--gpu PROFILE] [--json] -- <launch_server args>\n"
+        "       %(prog)s [--sglang-root DIR] [--json] [--context-length C --speculative-num-draft-tokens D ...]\n"
+        "       %(prog)s --url URL [--timeout SECONDS] [--api-key KEY] [--json]"
     )
-    status.add_argument("--context-length", type=_positive)
-    status.add_argument("--speculative-num-draft-tokens", type=_positive)
-    status.add_argument("--speculative-num-steps", type=_positive, help="default: draft tokens - 1")
-    status.add_argument("--speculative-eagle-topk", type=_positive, default=1)
-    status.add_argument("--page-size", type=_positive, default=1)
     status.add_argument(
-        "--speculative-algorithm", choices=("EAGLE", "EAGLE3", "NEXTN", "NGRAM"), default="EAGLE"
+        "--url",
+        help="a running server (http://HOST:PORT, or HOST:PORT): read the plugin's state from /server_info",
     )
-    status.add_argument("--disable-overlap-schedule", action="store_true")
+    status.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="with --url: deadline for the whole request (default 30)",
+    )
+    status.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="with --url: sent as `Authorization: Bearer KEY` (default: $OPENAI_API_KEY, as sglang's clients)",
+    )
+    status.add_argument(
+        "--python",
+        metavar="PATH",
+        help="with `--`: the interpreter of the server's environment, which imports sglang to resolve "
+        "the launch arguments (default: the venv holding --sglang-root, else this Python)",
+    )
+    status.add_argument(
+        "--gpu",
+        metavar="PROFILE",
+        help="with `--`: the GPU sglang's argument processing is answered for: "
+        + ", ".join(GPU_PROFILE_NAMES)
+        + " (default: the local GPU, else h200)",
+    )
+    static = status.add_argument_group(
+        "static rule (no sglang import; prefer `-- <launch_server args>`)",
+        "sglang's flag spellings; --context-length and --speculative-num-draft-tokens go together",
+    )
+    static.add_argument("--context-length", type=_positive, help="the model's context length (required)")
+    static.add_argument("--speculative-num-draft-tokens", type=_positive, help="D (required)")
+    static.add_argument("--speculative-num-steps", type=_positive, help="default: D - 1")
+    static.add_argument("--speculative-eagle-topk", type=_positive, help="default: 1")
+    static.add_argument("--page-size", type=_positive, help="default: 1")
+    static.add_argument(
+        "--speculative-algorithm",
+        type=str.upper,
+        choices=("EAGLE", "EAGLE3", "NEXTN", "NGRAM", "STANDALONE"),
+        help="default: EAGLE (any case; other algorithms: use `--`)",
+    )
+    static.add_argument(
+        "--disable-overlap-schedule", action="store_true", default=None, help="default: overlap on"
+    )
     demo = parsers["demo"]
     demo.add_argument("--context-length", type=_positive, default=4096)
     demo.add_argument("--speculative-num-draft-tokens", type=_positive, default=5)
@@ -244,17 +355,33 @@ def main(argv=None) -> int:
         return EXIT_PROTECTED
 
 
+SHAPE_FLAGS = (
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "page_size",
+    "speculative_algorithm",
+    "disable_overlap_schedule",
+)
+
+
 def _main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    launch_args = None
+    if "--" in argv:  # `status [options] -- <launch_server args>`: sglang's, passed on untouched
+        cut = argv.index("--")
+        argv, launch_args = argv[:cut], argv[cut + 1 :]
+    argv = [_json_flag(a) for a in argv]
     _Parser.json_requested = "--json" in argv
     parser = build_parser()
+    if _Parser.json_requested and argv[:1] in (["--version"], ["-V"]):
+        print(json.dumps(_contract({"command": "version"})))
+        return EXIT_PROTECTED
     args = parser.parse_args(argv)
-    if args.command == "status" and (args.context_length is None) != (
-        args.speculative_num_draft_tokens is None
-    ):
-        parser.error("status: --context-length and --speculative-num-draft-tokens go together")
-    if args.command == "status" and args.url and args.sglang_root:
-        parser.error("status: --url and --sglang-root are exclusive")
+    args.launch_args = launch_args
+    if launch_args is not None and args.command != "status":
+        parser.error(f"{args.command}: `-- <launch_server args>` is for `status`")
+    if args.command == "status":
+        _check_status_args(parser, args)
     handler = COMMANDS[args.command][0]
     try:
         data, text, code = handler(args)
@@ -265,7 +392,7 @@ def _main(argv=None) -> int:
     except UnicodeError as exc:
         return _fail(args, f"cannot decode a file ({exc})")
     if args.json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps(_contract({"command": args.command, **data}), indent=2))
     elif isinstance(text, bytes):  # a diff: the files' own bytes, whatever their encoding
         buffer = getattr(sys.stdout, "buffer", None)
         if buffer is None:
@@ -281,10 +408,52 @@ def _main(argv=None) -> int:
     return code
 
 
+def _check_status_args(parser, args) -> None:
+    shape_given = [f for f in SHAPE_FLAGS if getattr(args, f) is not None]
+    if (args.context_length is None) != (args.speculative_num_draft_tokens is None):
+        parser.error("status: --context-length and --speculative-num-draft-tokens go together")
+    if shape_given and args.context_length is None:
+        flag = "--" + shape_given[0].replace("_", "-")
+        parser.error(f"status: {flag} needs --context-length and --speculative-num-draft-tokens")
+    if args.url is not None and (args.sglang_root or args.context_length or args.launch_args is not None):
+        parser.error(
+            "status: --url judges the live server alone; leave out --sglang-root, shape flags and `--`"
+        )
+    if args.launch_args is not None and args.context_length is not None:
+        parser.error(
+            "status: shape flags are the static rule; with `-- <launch_server args>` sglang resolves them"
+        )
+    if args.url is None and (args.timeout, args.api_key) != (None, None):
+        parser.error("status: --timeout and --api-key go with --url")
+    if (args.python or args.gpu) and args.launch_args is None:
+        parser.error("status: --python and --gpu go with `-- <launch_server args>`")
+    if args.launch_args is not None and not args.launch_args:
+        parser.error("status: `--` needs the launch_server arguments after it")
+
+
+def _json_flag(arg: str) -> str:
+    """``--json=1`` / ``--json=true`` as ``--json``; ``--json=0`` / ``false`` / ``no`` / ``off`` off."""
+    if not arg.startswith("--json="):
+        return arg
+    value = arg.split("=", 1)[1].strip().lower()
+    return "--no-json" if value in ("0", "false", "no", "off", "") else "--json"
+
+
+SCHEMA_VERSION = 1
+
+
+def _contract(data: dict) -> dict:
+    """What every JSON output carries: schema_version, this tool's version, and (where a tree was
+    read) the sglang version, ahead of the command's own fields."""
+    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__, **data}
+
+
 def _fail(args, message: str) -> int:
     print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"command": args.command, "error": message, "exit_code": EXIT_CANNOT_TELL}))
+        print(
+            json.dumps(_contract({"command": args.command, "error": message, "exit_code": EXIT_CANNOT_TELL}))
+        )
     return EXIT_CANNOT_TELL
 
 

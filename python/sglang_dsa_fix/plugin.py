@@ -16,7 +16,7 @@ the first hook call in each scheduler process, where logging is set up.
 
 Kill switch: ``SGLANG_DSA_FIX`` = 0 / false / no / off (any case) disables both fixes.
 ``SGLANG_PLUGINS`` (sglang's own allow-list) applies as for any plugin; this one is named
-``dsa_page_table_width``.
+``sglang_dsa_fix`` (and, for older allow-lists, ``dsa_page_table_width``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from sglang_dsa_fix.verdicts import Bug, Verdict
 
 logger = logging.getLogger("sglang_dsa_fix")
 
-ENTRY_POINT_NAME = "dsa_page_table_width"
+# The package's own name first; the old name stays for existing SGLANG_PLUGINS allow-lists.
+# sglang calls register() once per entry point name: it is idempotent.
+ENTRY_POINT_NAMES = ("sglang_dsa_fix", "dsa_page_table_width")
 KILL_SWITCH = "SGLANG_DSA_FIX"
 KILL_VALUES = ("0", "false", "no", "off")
 INTERNAL_STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
@@ -109,15 +111,15 @@ def _page_table_body(result, backend, *args, **kwargs):
             "sglang-dsa-fix: CUDA-graph page_table widened from %d to %d columns (req_to_token)",
             *changed,
         )
-    elif info["state"].startswith("hooked"):
+    elif not info["state"].startswith("applied"):
         info["state"] = "applied (already as wide as req_to_token)"
     return None  # keep sglang's result
 
 
-def _row_body_for(module_name: str, version):
+def _row_body_for(module_name: str):
     from sglang_dsa_fix.runtime_fix import row_extra_fix
 
-    fix = row_extra_fix(module_name, version)
+    fix = row_extra_fix(module_name)
 
     def body(result, *args, **kwargs):
         extra = fix(result, *args, **kwargs)
@@ -138,9 +140,35 @@ def _row_body_for(module_name: str, version):
     return body
 
 
+INSTALLED_STATE = "installed, not yet called"
+
+
+def refresh_hook_states() -> None:
+    """Turn registered-but-never-called hooks into what they are, once the scheduler serves
+    (``get_internal_state`` runs after sglang applied the hooks and built the model runner):
+    ``failed`` where sglang's HookRegistry did not apply the hook (it logs and goes on,
+    0.5.14 plugins/hook_registry.py:158-165; what it applied is in ``HookRegistry._patched``), else
+    ``not reached``: this process never ran the target (another attention backend, CUDA graphs
+    disabled), so the bug's code never ran either."""
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry
+    except ImportError:
+        return
+    patched = getattr(HookRegistry, "_patched", None)
+    for info in STATE["bugs"].values():
+        target = info.get("target")
+        if target is None or info.get("calls") or not info["state"].startswith(INSTALLED_STATE):
+            continue
+        if patched is not None and target not in patched:
+            info["state"] = f"failed (sglang's HookRegistry did not apply the hook on {target}; see its log)"
+        else:
+            info["state"] = f"not reached ({target} never ran in this scheduler process)"
+
+
 def _internal_state_body(result, *args, **kwargs):
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
+        refresh_hook_states()
         state[STATE_KEY] = {**copy.deepcopy(STATE), "summary": _summary()}
     return None
 
@@ -174,12 +202,15 @@ def decide():
         else:
             module = ".".join(site.path.relative_to(sglang.package_parent).with_suffix("").parts)
             target = f"{module}.get_req_to_token_extra_context_len"
-            plans.append((bug, "hooked", target, _row_body_for(module, sglang.version)))
+            plans.append((bug, "hooked", target, _row_body_for(module)))
     return plans
 
 
 def register() -> None:
-    """Entry point. Any failure: one warning line, sglang untouched."""
+    """Entry point. Any failure: one warning line, sglang untouched. Idempotent: sglang calls
+    it once per entry point name, and this package has two."""
+    if STATE["pid"] == os.getpid():
+        return
     STATE["pid"] = os.getpid()
     switch = kill_switch_value()
     STATE["kill_switch"] = f"{KILL_SWITCH}={switch!r}: {'enabled' if enabled(switch) else 'disabled'}"
@@ -198,10 +229,10 @@ def register() -> None:
                 pkgutil.resolve_name(target)  # sglang resolves it the same way when applying
                 hook = _internal_state_body if bug is None else _guarded(bug, body)
                 HookRegistry.register(target, hook, HookType.AFTER)
-                state = f"hooked ({target}); applied on first call"
+                state = f"{INSTALLED_STATE} ({target})"
         except Exception as exc:
             state = f"unsupported ({type(exc).__name__}: {exc}); sglang untouched"
             logger.warning("sglang-dsa-fix: cannot hook %s (%s: %s)", target, type(exc).__name__, exc)
         if bug is not None:
-            _set(bug, state)
+            _set(bug, state, **({"target": target} if state.startswith(INSTALLED_STATE) else {}))
     logger.info("%s", _summary())

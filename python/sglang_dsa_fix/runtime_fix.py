@@ -2,7 +2,8 @@
 
 - bug #1: right after ``init_cuda_graph_state``, widen the graph page_table (``width.enforce``);
 - bug #2: right after ``get_req_to_token_extra_context_len``, raise the row headroom to
-  ``width.row_extra_floor`` of sglang's own ``get_alloc_reserve_per_decode`` (the place
+  ``width.row_extra_floor`` of sglang's own ``get_alloc_reserve_per_decode``, the whole
+  reservation (the place
   upstream widened it in 0.5.16, so the pool, the bug #1 buffer and every graph buffer sized
   from ``req_to_token`` stay consistent).
 
@@ -20,7 +21,7 @@ from sglang_dsa_fix import backends, width
 _WRAPPED_MARK = "__sglang_dsa_fix_original__"
 
 
-def row_extra_fix(module_name: str, version):
+def row_extra_fix(module_name: str):
     """AFTER-hook body for ``<module_name>.get_req_to_token_extra_context_len``.
 
     Called as ``hook(result, *args, **kwargs)`` with the function's own arguments (0.5.13 -
@@ -31,7 +32,7 @@ def row_extra_fix(module_name: str, version):
     def after(result, *args, **kwargs):
         module = importlib.import_module(module_name)
         reserve = getattr(module, backends.RESERVE_FUNCTION)(*args, **kwargs)
-        return max(result, width.row_extra_floor(reserve, version))
+        return max(result, width.row_extra_floor(reserve))
 
     return after
 

@@ -9,14 +9,20 @@ computed from its bytes. A ``Site`` says where the change goes and what it inser
   ``page_table`` in ``<Backend>.init_cuda_graph_state``; ``replacement`` is
   ``width.PAGE_TABLE_WIDTH_EXPR``;
 - bug #2: ``start == end`` is the final ``return extra`` of ``get_req_to_token_extra_context_len``;
-  ``replacement`` is one line raising ``extra`` to ``width.row_extra_floor(reserve, version)``.
+  ``replacement`` is one line raising ``extra`` to ``width.row_extra_floor(reserve)``, the whole
+  decode reservation.
 
-A file already patched by this tool yields a ``Site`` with ``patched_here`` True.
+A file already patched by this tool yields a ``Site`` with ``patched_here`` True. The row sizing
+function is judged by its form (where sglang reserves ``get_alloc_reserve_per_decode``), never by
+the version string: ``affected_when`` says at which configurations a pristine form is affected,
+``fixed_upstream`` marks a form that already reserves it at every page size, and ``unknown``
+explains a form this tool cannot judge.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +39,15 @@ PAGE_TABLE_COMMENT = (
 )
 
 
-def row_comment(margin: int, reserve: str = f"{backends.RESERVE_FUNCTION}()") -> tuple[str, ...]:
+def row_comment(reserve: str = f"{backends.RESERVE_FUNCTION}()") -> tuple[str, ...]:
     return (
-        "# Hold the spec-v2 decode reservation: it writes this row up to kv_committed_len +",
-        f"# {reserve}, and kv_committed_len reaches context_len - {margin}.",
+        "# Hold the whole spec-v2 decode reservation at every page size: it writes this row",
+        f"# up to kv_committed_len + {reserve}, and kv_committed_len approaches context_len.",
     )
+
+
+# The first comment line of the margin form (sglang-dsa-fix 0.2: ``reserve - margin``).
+LEGACY_ROW_COMMENT = "# Hold the spec-v2 decode reservation: it writes this row up to kv_committed_len +"
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,9 @@ class Site:
     patched_here: bool  # the file already carries exactly this tool's change
     fixed_upstream: bool = False
     hookable: bool = True  # False: no function to hook (row sized inline): in-tree patch only
+    affected_when: str = ""  # a pristine form: at which configurations it is affected
+    unknown: str = ""  # a form this tool cannot judge: why (verdict "cannot tell")
+    legacy: bool = False  # carries the margin form of an older sglang-dsa-fix
 
     def patched_bytes(self) -> bytes:
         data = self.data
@@ -261,9 +274,107 @@ def row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
     # 0.5.13 - 0.5.16 pass server_args along; 0.5.23 reads global bags and takes no argument.
     params = [a.arg for a in function.args.args]
     call_args = "server_args" if "server_args" in params else ""
-    margin = width.committed_margin(tree.version)
-    replacement = f"{variable} = max({variable}, {backends.RESERVE_FUNCTION}({call_args}) - {margin})"
-    return _row_statement_before(path, data, last, row_comment(margin), replacement, f"return {variable}")
+    replacement = f"{variable} = max({variable}, {backends.RESERVE_FUNCTION}({call_args}))"
+    site = _row_statement_before(path, data, last, row_comment(), replacement, f"return {variable}")
+    gates = _reserve_gates(function, variable)
+    if site.patched_here:
+        return site
+    if not gates:
+        return dataclasses.replace(
+            site,
+            unknown=f"{backends.ROW_SIZING_FUNCTION} does not raise `{variable}` by "
+            f"{backends.RESERVE_FUNCTION}() in a form this tool knows",
+        )
+    if any(not _mentions(tests, "page_size") for tests in gates):
+        # Some path reserves it whatever the page size: held at page 1 too.
+        return dataclasses.replace(site, fixed_upstream=True)
+    margin = width.committed_margin(arithmetic_version(tree)[0])
+    topk_gated = all(_mentions(tests, "topk") for tests in gates)
+    when = (
+        f"with topk 1 at any page size from D {margin + 5} (D - {margin + 4} columns), and with "
+        "topk > 1 at page 1"
+        if topk_gated
+        else f"at page 1 only: topk 1 from D {margin + 5} (D - {margin + 4} columns), topk > 1, "
+        "NGRAM at its defaults"
+    )
+    return dataclasses.replace(site, affected_when=when)
+
+
+def _reserve_gates(function: ast.FunctionDef, variable: str) -> list:
+    """For each ``variable = ...`` that calls the reserve function: the ``if`` tests around it."""
+    gates = []
+
+    def visit(body, tests):
+        for node in body:
+            if isinstance(node, ast.If):
+                visit(node.body, [*tests, node.test])
+                visit(node.orelse, [*tests, node.test])
+            elif isinstance(node, (ast.For, ast.While, ast.With)):
+                visit(node.body, tests)
+            elif (
+                isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == [variable]
+                and any(
+                    isinstance(n, ast.Call) and _name_of(n.func) == backends.RESERVE_FUNCTION
+                    for n in ast.walk(node.value)
+                )
+            ):
+                gates.append(tests)
+
+    visit(function.body, [])
+    return gates
+
+
+def _name_of(node) -> str:
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+
+
+def _mentions(tests: list, word: str) -> bool:
+    """Does any of these conditions read a name or attribute containing ``word``?"""
+    return any(word in _name_of(n) for test in tests for n in ast.walk(test))
+
+
+def preclaims_bonus_slot(tree: SglangTree) -> bool:
+    """Does the spec-v2 prepare pre-claim the bonus slot (``kv_committed_len += 1``)? The file
+    shape of 0.5.11 - 0.5.14 (0.5.14 speculative/eagle_info_v2.py:62); 0.5.15 moved the
+    reservation to eagle_utils.py and commits the bonus in resolve."""
+    path = tree.file(backends.SPEC_V2_DECODE_FILE)
+    if not _is_file(path):
+        return False
+    for node in ast.walk(_parse(path, _read(path))):
+        if (
+            isinstance(node, ast.AugAssign)
+            and _name_of(node.target) == "kv_committed_len"
+            and isinstance(node.op, ast.Add)
+        ):
+            return True
+    return False
+
+
+def arithmetic_version(tree: SglangTree) -> tuple:
+    """(version for the pristine arithmetic, note): the label, unless the files' shape says
+    otherwise (a 0.5.14 tree labelled 0.5.15 keeps 0.5.14's margin): the files win."""
+    label = tree.version
+    sizing, _ = row_sizing_file(tree)
+    if sizing is None and not _is_file(tree.file(backends.SPEC_V2_DECODE_FILE)):
+        return label, ""
+    if preclaims_bonus_slot(tree):
+        shape, lowest, below = "0.5.14", None, (0, 5, 15)
+        what = "the spec-v2 prepare pre-claims the bonus slot (0.5.11 - 0.5.14)"
+    elif sizing is not None and sizing.name == "common.py":
+        shape, lowest, below = "0.5.15", (0, 5, 15), (0, 5, 16)
+        what = "the row is sized in mem_cache/common.py without a pre-claim (0.5.15)"
+    elif sizing is not None:
+        shape, lowest, below = "0.5.16", (0, 5, 16), None
+        what = "the row is sized in mem_cache/allocation_sizing.py (0.5.16+)"
+    else:
+        return label, ""
+    fits = (lowest is None or width.at_least(label, lowest)) and (
+        below is None or not width.at_least(label, below)
+    )
+    if fits:
+        return label, ""
+    return shape, f"the files contradict the version {label}: {what}; judged as {shape}"
 
 
 def _row_statement_before(path, data, anchor: ast.stmt, comment, replacement, found, hookable=True) -> Site:
@@ -271,6 +382,13 @@ def _row_statement_before(path, data, anchor: ast.stmt, comment, replacement, fo
     ``anchor``, at its indent; the file carries it already when exactly those lines are there."""
     lines = data.splitlines(keepends=True)
     start = _byte_offset(lines, anchor.lineno, anchor.col_offset)
+    above = _lines_above(lines, anchor.lineno, 3)
+    variable = replacement.split(" = ", 1)[0]
+    legacy = (
+        len(above) == 3
+        and above[0] == LEGACY_ROW_COMMENT
+        and above[2].startswith(f"{variable} = max({variable}, ")
+    )
     return Site(
         bug=Bug.ROW_OVERFLOW,
         path=path,
@@ -282,8 +400,10 @@ def _row_statement_before(path, data, anchor: ast.stmt, comment, replacement, fo
         comment=comment,
         replacement=replacement,
         found=found,
-        patched_here=_lines_above(lines, anchor.lineno, len(comment) + 1) == [*comment, replacement],
+        patched_here=legacy
+        or _lines_above(lines, anchor.lineno, len(comment) + 1) == [*comment, replacement],
         hookable=hookable,
+        legacy=legacy,
     )
 
 
@@ -291,7 +411,7 @@ def inline_row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[
     """0.5.9 - 0.5.12 size the row inline in ModelRunner (0.5.12 model_runner_kv_cache_mixin.py
     :245-247: ``extra_max_context_len = 4``, then ``+= speculative_num_draft_tokens`` under an
     ``if``). The change goes right after that ``if``: raise the variable to
-    ``width.row_extra_floor(2·A)`` with A = max(steps, D), what ``get_alloc_len_per_decode``
+    ``width.row_extra_floor(2·A)`` = 2·A with A = max(steps, D), what ``get_alloc_len_per_decode``
     gives at topk 1 (0.5.12 managers/utils.py:232-233), the only topk spec v2 runs there. Not a
     call to it: it raises for page > 1 with topk > 1, which a spec-v1 deployment may use.
     None where the release has no such block or no ``get_alloc_len_per_decode``."""
@@ -303,12 +423,11 @@ def inline_row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[
         return None
     data = _read(path) if data is None else data
     variable = backends.INLINE_ROW_VARIABLE
-    margin = width.committed_margin(tree.version)
     args = "self.server_args"
     alloc_len = f"max({args}.speculative_num_steps or 1, {args}.speculative_num_draft_tokens or 0)"
-    replacement = f"{variable} = max({variable}, 2 * {alloc_len} - {margin})"
-    comment = row_comment(margin, f"2 * {backends.INLINE_ALLOC_FUNCTION}()")
-    ours = {replacement}
+    replacement = f"{variable} = max({variable}, 2 * {alloc_len})"
+    comment = row_comment(f"2 * {backends.INLINE_ALLOC_FUNCTION}()")
+    ours = f"{variable} = max({variable}, 2 * "  # this form and the older margin form
     lines = data.splitlines(keepends=True)
     for body in (n.body for n in ast.walk(_parse(path, data)) if isinstance(getattr(n, "body", None), list)):
         for i, node in enumerate(body):
@@ -323,7 +442,7 @@ def inline_row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[
             if not grows:
                 continue
             # The statement after the `if`, past what this tool inserted there.
-            after = [n for n in body[i + 1 :] if _source_line(lines, n) not in ours][:1]
+            after = [n for n in body[i + 1 :] if not _source_line(lines, n).startswith(ours)][:1]
             if not after:
                 continue
             found = f"{variable} += …"

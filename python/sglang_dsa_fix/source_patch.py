@@ -128,7 +128,10 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
         original = backup.read_bytes() if backup.is_file() else None
         if original is not None:
             original_site = sites.site_in(site, tree, original)
-            if original_site is None or original_site.patched_bytes() != site.data:
+            matches = original_site is not None and (
+                site.legacy or original_site.patched_bytes() == site.data
+            )
+            if not matches or original_site.patched_here:
                 raise ToolError(
                     f"{site.path}: changed since sglang-dsa-fix applied it ({backup.name} no "
                     "longer matches): not touching it; reinstall sglang or restore the file by hand"
@@ -136,9 +139,18 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
         stale = stale_bytecode(site.path, site.data)
         verdict = Verdict.STALE_BYTECODE if stale else Verdict.FIXED_IN_TREE
         detail = "" if original is not None else "no backup (patched by `git apply`?)"
+        if site.legacy:
+            detail = (
+                "the margin form of an older sglang-dsa-fix (headroom reserve - margin): run "
+                "`sglang-dsa-fix revert` then `apply` to hold the whole reservation"
+            )
         return BugState(bug, verdict, site, original, stale, detail)
     if site.fixed_upstream:
-        return BugState(bug, Verdict.FIXED_UPSTREAM, site)
+        return BugState(
+            bug, Verdict.FIXED_UPSTREAM, site, detail="reserves the decode reservation at every page size"
+        )
+    if site.unknown:
+        return BugState(bug, Verdict.NOT_COVERED, site, detail=site.unknown)
     backup = backup_path(site.path)
     if backup.is_file() and backup.read_bytes() != site.data:
         # (A backup equal to the file is what an interrupted apply leaves: apply rewrites it.)
@@ -146,7 +158,8 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
             f"{site.path}: {backup.name} exists but the file neither carries the fix nor "
             "matches it: changed since sglang-dsa-fix applied it; not touching it"
         )
-    return BugState(bug, Verdict.AFFECTED, site, site.data)
+    detail = f"this row sizing is affected {site.affected_when}" if site.affected_when else ""
+    return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
 
 
 def inspect(tree: SglangTree) -> list:

@@ -1,38 +1,28 @@
-"""``sglang-dsa-fix status``: is THIS deployment protected, per bug?
+"""``check`` and ``status``: is THIS tree / deployment protected, per bug? One flow, one way:
 
-Three sources, each reported as what it is:
-- the tree (``source_patch.check``): affected / fixed in-tree / fixed upstream / not applicable;
-- the plugin, read from the TARGET environment's own metadata (the ``*.dist-info`` beside its
-  ``sglang/``), never from the caller's Python unless that is the target;
-- optionally a shape (sglang's flag spellings): which target_verify seq_lens overflow the graph
-  page_table (bug #1) and how many columns the decode reservation writes past the row (bug #2);
-- or a live server (``--url``): the plugin's own state from ``/server_info``.
-Returns data; cli.py renders it.
+    tree (``source_patch.check``: what the files say)
+    + plugin (the TARGET environment's own metadata, never the caller's Python unless that is it)
+    + configuration (optional): resolved by sglang itself (``resolve``: its ServerArgs in a child
+      process, widths from its own sizing functions), or the static rule from shape flags,
+      labelled ``"basis": "static"``
+    → per bug a ``verdicts.State`` (``verdicts.judge``) → exit code.
+
+``check`` is this flow without a configuration; ``status --url`` (``server_status``) judges what
+a live server reports with the same states. Returns data; cli.py renders it.
 """
 
 from __future__ import annotations
 
 import ast
 import configparser
-import json
-import urllib.error
-import urllib.request
 from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
-from sglang_dsa_fix import backends, plugin, source_patch, width
+from sglang_dsa_fix import backends, plugin, resolve, sites, source_patch, width
 from sglang_dsa_fix import tree as trees
-from sglang_dsa_fix.tree import ToolError
-from sglang_dsa_fix.verdicts import (
-    EXIT_AFFECTED,
-    EXIT_CANNOT_TELL,
-    EXIT_PROTECTED,
-    Bug,
-    Verdict,
-    combined_exit,
-)
+from sglang_dsa_fix.verdicts import Bug, State, Verdict, combined_exit, judge
 
 # Nodes a width expression may use for us to evaluate it (e.g. ``self.max_context_len +
 # (self.speculative_num_draft_tokens or 0)``); anything else is reported, not evaluated.
@@ -51,8 +41,8 @@ _SAFE_NODES = (
 )
 PLUGIN_VALUE_PREFIX = "sglang_dsa_fix."
 KILL_SWITCH_NOTE = (
-    f"enabled unless {plugin.KILL_SWITCH}=0 (or SGLANG_PLUGINS leaving out "
-    f"{plugin.ENTRY_POINT_NAME}) in the server's environment"
+    f"enabled unless {plugin.KILL_SWITCH}=0 (or SGLANG_PLUGINS naming neither "
+    f"{' nor '.join(plugin.ENTRY_POINT_NAMES)}) in the server's environment"
 )
 
 
@@ -64,16 +54,34 @@ def _declares_plugin(entry_points_text: str) -> bool:
     except configparser.Error:
         return False
     section = parser["sglang.srt.plugins"] if parser.has_section("sglang.srt.plugins") else {}
-    value = section.get(plugin.ENTRY_POINT_NAME, "")
-    return value.strip().startswith(PLUGIN_VALUE_PREFIX)
+    return any(
+        section.get(name, "").strip().startswith(PLUGIN_VALUE_PREFIX) for name in plugin.ENTRY_POINT_NAMES
+    )
+
+
+def _package_in(site_dir: Path) -> bool:
+    """Is the plugin's code importable from this site dir: the package itself, or an editable
+    install's ``.pth`` pointing at a directory that holds it? Metadata alone loads nothing."""
+    if (site_dir / "sglang_dsa_fix" / "plugin.py").is_file():
+        return True
+    for pth in site_dir.glob("*.pth"):
+        try:
+            lines = pth.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line and not line.startswith(("#", "import")):
+                if (Path(line.strip()) / "sglang_dsa_fix" / "plugin.py").is_file():
+                    return True
+    return False
 
 
 def plugin_installed_in(site_dir: Path) -> bool:
-    """Does this site directory's metadata register our plugin (what sglang's load_plugins sees)?"""
+    """Does this site directory register our plugin and hold its code (what load_plugins sees)?"""
     for entry_points in site_dir.glob("*.dist-info/entry_points.txt"):
         try:
             if _declares_plugin(entry_points.read_text(errors="replace")):
-                return True
+                return _package_in(site_dir)
         except OSError:
             continue
     return False
@@ -82,7 +90,7 @@ def plugin_installed_in(site_dir: Path) -> bool:
 def plugin_installed_here() -> bool:
     """The caller's own environment (all its site dirs), as load_plugins() would see it."""
     return any(
-        ep.name == plugin.ENTRY_POINT_NAME and ep.value.startswith(PLUGIN_VALUE_PREFIX)
+        ep.name in plugin.ENTRY_POINT_NAMES and ep.value.startswith(PLUGIN_VALUE_PREFIX)
         for ep in metadata.entry_points(group="sglang.srt.plugins")
     )
 
@@ -124,116 +132,135 @@ def evaluate_width(expression: str, context_len: int, draft: int, pool_width: in
         return None
 
 
-def _fix_live(state, plugin_info) -> Optional[str]:
-    if state.verdict is Verdict.FIXED_IN_TREE:
-        return "in-tree"
-    if state.verdict is Verdict.FIXED_UPSTREAM:
-        return "upstream"
-    if state.verdict is Verdict.AFFECTED and plugin_info["live"] and state.site.hookable:
-        return "plugin"
-    return None
+# ------------------------------------------------------------------------------ per bug, per configuration
 
 
-def _shape_page_table(state, shape: width.SpecShape, pool: int, fixed: bool) -> dict:
-    C, D = shape.context_length, shape.speculative_num_draft_tokens
-    buffer = pool if state.verdict is Verdict.FIXED_UPSTREAM else evaluate_width(state.site.found, C, D, pool)
-    effective = pool if fixed else buffer
-    overflows = None if effective is None else effective < pool
+def decision_inputs(resolved: dict) -> dict:
+    """What the per-bug arithmetic reads, from a resolved (or static) configuration."""
+    config, widths = resolved["configuration"], resolved["widths"]
+    algorithm = config.get("speculative_algorithm")
+    inputs = {
+        "context_len": config["context_length"],
+        "num_draft_tokens": config.get("speculative_num_draft_tokens") or 0,
+        "overlap": not config.get("disable_overlap_schedule"),
+        "alloc_page_size": widths.get("alloc_page_size")
+        or config.get("page_size", 1) * (config.get("attn_dcp_size") or config.get("dcp_size") or 1),
+        "row_extra": widths["row_extra"],
+        "decode_reserve": widths["decode_reserve"],
+    }
+    backend = config.get("decode_attention_backend") or config.get("attention_backend")
+    if resolved.get("basis") == "sglang" and not algorithm:
+        inputs["page_table_not_reachable"] = inputs["row_not_reachable"] = "no speculative decoding"
+    elif config.get("disable_cuda_graph"):
+        inputs["page_table_not_reachable"] = "CUDA graphs disabled"
+    elif resolved.get("basis") == "sglang" and config.get("attention_backend") not in resolve.DSA_BACKENDS:
+        inputs["page_table_not_reachable"] = f"attention backend {backend}: no DSA/NSA graph page_table"
+    return inputs
+
+
+def page_table_at(state, inputs: dict) -> dict:
+    """Bug #1 at a configuration: the pool and graph buffer widths, and whether the longest
+    target_verify the scheduler can run reads past the buffer (``width.verify_seq_len_bound``)."""
+    C, D = inputs["context_len"], inputs["num_draft_tokens"]
+    pool = C + inputs["row_extra"]
+    if state.verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE):
+        buffer = pool
+    else:
+        buffer = evaluate_width(state.site.found, C, D, pool)
+    longest = width.verify_seq_len_bound(C, D, inputs["overlap"])
+    out = {"req_to_token_width": pool, "graph_page_table_width": buffer, "longest_verify_seq_len": longest}
+    if inputs.get("page_table_not_reachable"):
+        out.update(reachable=False, why_not=inputs["page_table_not_reachable"])
+    elif buffer is None:
+        out["reachable"] = None
+    else:
+        out["reachable"] = longest + D > buffer
+        out["overflowing_seq_lens"] = [buffer - D + 1, min(longest, pool - D)] if out["reachable"] else None
+    return out
+
+
+def row_at(version: str, inputs: dict) -> dict:
+    """Bug #2 at a configuration, from the row headroom and the decode reservation (sglang's own
+    numbers where resolved): how far the last reservation writes past the row end."""
+    if inputs.get("row_not_reachable"):
+        return {"reachable": False, "why_not": inputs["row_not_reachable"]}
+    extra, reserve = inputs["row_extra"], inputs["decode_reserve"]
+    need = width.required_row_extra(reserve, inputs["alloc_page_size"], version, inputs["overlap"])
+    columns = max(0, need - extra)
     return {
-        "req_to_token_width": pool,
-        "graph_page_table_width": effective,
-        "overflows": overflows,
-        "overflowing_seq_lens": [effective - D + 1, pool - D] if overflows else None,
+        "row_extra": extra,
+        "decode_reserve": reserve,
+        "row_extra_needed": need,
+        "row_extra_with_fix": max(extra, width.row_extra_floor(reserve)),
+        "columns_past_row_end": columns,
+        "reachable": columns > 0,
     }
 
 
-def _shape_row(version, shape: width.SpecShape, fixed: bool) -> dict:
-    columns = width.row_overflow_columns(version, shape)
-    return {
+def static_configuration(shape: width.SpecShape, version: Optional[str]) -> dict:
+    """The static rule's numbers for shape flags (``"basis": "static"``)."""
+    config = {
+        "speculative_algorithm": "EAGLE" if shape.has_draft_kv else "NGRAM",
+        "speculative_num_draft_tokens": shape.speculative_num_draft_tokens,
+        "speculative_eagle_topk": shape.speculative_eagle_topk,
+        "speculative_num_steps": shape.speculative_num_steps,
+        "page_size": shape.page_size,
+        "context_length": shape.context_length,
+        "disable_overlap_schedule": not shape.overlap,
+    }
+    widths = {
         "row_extra": width.pristine_row_extra(version, shape),
-        "row_extra_needed": width.required_row_extra(
-            width.reserve_per_decode(shape, version), shape.page_size, version, shape.overlap
-        ),
-        "columns_past_row_end": 0 if fixed else columns,
-        "columns_past_row_end_without_fix": columns,
-        "overflows": bool(columns) and not fixed,
+        "decode_reserve": width.reserve_per_decode(shape, version),
     }
+    return {"basis": "static", "configuration": config, "widths": widths}
 
 
-def collect(root: Optional[str], shape: Optional[width.SpecShape] = None) -> dict:
-    """The whole report for a tree (and a shape). ToolError when the tree cannot be judged."""
+# ------------------------------------------------------------------------------ the flow
+
+
+def collect(root: Optional[str], resolved: Optional[dict] = None) -> dict:
+    """The whole report for a tree, and for a configuration when ``resolved`` is given (from
+    ``resolve.resolve`` or ``static_configuration``). ToolError when the tree cannot be judged."""
     tree = trees.find_tree(root)
     states = source_patch.check(tree)
     plugin_info = plugin_report(tree, own_environment=root is None)
-    row_state = next(s for s in states if s.bug is Bug.ROW_OVERFLOW)
-    row_fixed = _fix_live(row_state, plugin_info) is not None
-    bugs = []
-    for state in states:
-        entry = state.to_dict()
-        live = _fix_live(state, plugin_info)
-        entry["fix_live"] = live
-        code = EXIT_PROTECTED if live else state.verdict.exit_code
-        if shape is not None and state.site is not None and state.verdict is not Verdict.NOT_COVERED:
-            if state.bug is Bug.PAGE_TABLE:
-                row = width.fixed_row_extra if row_fixed else width.pristine_row_extra
-                extra = row(tree.version, shape)
-                entry["shape"] = _shape_page_table(
-                    state, shape, shape.context_length + extra, live is not None
-                )
-            else:
-                entry["shape"] = _shape_row(tree.version, shape, live is not None)
-            if entry["shape"]["overflows"] is False:
-                code = EXIT_PROTECTED
-        entry["exit_code"] = code
-        if code == EXIT_AFFECTED:
-            entry["advice"] = _advice(plugin_info, state.site)
-        bugs.append(entry)
+    version, version_note = sites.arithmetic_version(tree)
     report = {
         "sglang_version": tree.version,
         "sglang_path": str(tree.package),
         "plugin": plugin_info,
-        "bugs": bugs,
     }
-    if shape is not None:
-        report["shape"] = vars(shape)
+    if version_note:
+        report["version_note"] = version_note
+    if resolved is not None:
+        report.update(resolved)
+    bugs = []
+    for state in states:
+        entry = state.to_dict()
+        plugin_fixes = plugin_info["live"] and state.site is not None and state.site.hookable
+        reachable = None
+        if resolved is not None and state.site is not None and state.verdict is not Verdict.NOT_COVERED:
+            inputs = decision_inputs(resolved)
+            if state.bug is Bug.PAGE_TABLE:
+                entry["at_configuration"] = page_table_at(state, inputs)
+            else:
+                entry["at_configuration"] = row_at(version, inputs)
+            reachable = entry["at_configuration"]["reachable"]
+        verdict = judge(state.verdict, plugin_fixes, reachable)
+        entry.update(state=verdict.token, state_text=verdict.text, exit_code=verdict.exit_code)
+        if verdict in (State.AFFECTED, State.STALE_BYTECODE):
+            entry["advice"] = _advice(plugin_info, state)
+        bugs.append(entry)
+    report["bugs"] = bugs
     report["exit_code"] = combined_exit(b["exit_code"] for b in bugs)
     return report
 
 
-def _advice(plugin_info, site) -> str:
-    if site is not None and not site.hookable:
+def _advice(plugin_info, state) -> str:
+    if state.verdict is Verdict.STALE_BYTECODE:
+        return "run `sglang-dsa-fix apply` again: it removes the stale bytecode"
+    if state.site is not None and not state.site.hookable:
         return "the plugin cannot fix this on this release (row sized inline): run `sglang-dsa-fix apply`"
     if not plugin_info["sglang_has_plugin_api"]:
         return "this release has no plugin API (sglang < 0.5.11): run `sglang-dsa-fix apply`"
     return "install sglang-dsa-fix into the server's environment (the plugin), or run `sglang-dsa-fix apply`"
-
-
-def from_server(url: str, timeout: float = 10.0) -> dict:
-    """What a live server's plugin reports, per rank, from ``/server_info``."""
-    endpoint = url.rstrip("/") + "/server_info"
-    try:
-        with urllib.request.urlopen(endpoint, timeout=timeout) as response:
-            info = json.load(response)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ToolError(f"{endpoint}: cannot read server info ({getattr(exc, 'reason', exc)})") from None
-    ranks = [s.get(plugin.STATE_KEY) for s in info.get("internal_states") or [] if isinstance(s, dict)]
-    report = {"url": url, "sglang_version": info.get("version"), "ranks": ranks}
-    if not ranks or not all(ranks):
-        report["detail"] = (
-            "the server does not run the plugin on every rank: run "
-            "`sglang-dsa-fix check` in the server's environment"
-        )
-        report["exit_code"] = EXIT_CANNOT_TELL
-        return report
-    codes = []
-    for rank in ranks:
-        for info_bug in rank.get("bugs", {}).values():
-            state = info_bug.get("state", "")
-            if state.startswith(("applied", "not needed", "hooked", Verdict.NOT_APPLICABLE.value)):
-                codes.append(EXIT_PROTECTED)
-            elif state.startswith(Verdict.NOT_COVERED.value):
-                codes.append(EXIT_CANNOT_TELL)
-            else:  # disabled, unsupported, failed
-                codes.append(EXIT_AFFECTED)
-    report["exit_code"] = combined_exit(codes)
-    return report

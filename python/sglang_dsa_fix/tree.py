@@ -59,7 +59,18 @@ def find_tree(root: Optional[str]) -> SglangTree:
 
 
 def read_version(package: Path) -> Optional[str]:
-    # _version.py (setuptools-scm, 0.5.9+) or version.py (older).
+    """The installed distribution's version (``sglang-*.dist-info/METADATA`` beside the package,
+    what pip reports), else the package's own ``_version.py`` (setuptools-scm, 0.5.9+) or
+    ``version.py`` (older), as a checkout has it."""
+    for metadata in sorted(package.parent.glob("sglang-*.dist-info/METADATA")):
+        try:
+            with open(metadata, errors="replace") as handle:
+                head = handle.read(4096)
+        except OSError:
+            continue
+        match = re.search(r"^Name:\s*sglang\s*$.*?^Version:\s*(\S+)", head, re.M | re.S | re.I)
+        if match:
+            return match.group(1)
     for name in VERSION_FILES:
         try:
             text = (package / name).read_text(errors="replace")

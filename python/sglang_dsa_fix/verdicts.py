@@ -1,11 +1,19 @@
-"""One verdict model for ``check``, ``status`` and the plugin: per bug, and the exit codes."""
+"""One verdict model for ``check``, ``status``, ``status --url``, the plugin and the README.
+
+Two layers, each a small enum:
+- ``Verdict``: what the tree's files say about one bug (``source_patch.inspect``);
+- ``State``: what that means for a deployment once the plugin and (with ``status``) the
+  configuration are taken into account. Every ``State`` has exactly one exit code; the README's
+  exit-code table lists them and a test compares the two.
+"""
 
 from __future__ import annotations
 
 import enum
+from typing import Optional
 
 # Exit codes of every command (README has the table).
-EXIT_PROTECTED = 0  # every bug protected (fixed, or fix live) or not applicable
+EXIT_PROTECTED = 0  # every bug protected (fixed, fix live, not reachable) or not applicable
 EXIT_AFFECTED = 1  # some bug affected and not protected
 EXIT_CANNOT_TELL = 2  # error, unrecognised tree, or a bug this tool cannot judge here
 
@@ -23,20 +31,68 @@ class Bug(enum.Enum):
 
 
 class Verdict(enum.Enum):
+    """What the files say (no plugin, no configuration)."""
+
     AFFECTED = "affected"
     STALE_BYTECODE = "fixed in source, but Python loads stale bytecode"
     FIXED_IN_TREE = "fixed in-tree by sglang-dsa-fix"
     FIXED_UPSTREAM = "fixed upstream"
     NOT_APPLICABLE = "not applicable"
-    NOT_COVERED = "not covered by this tool"
+    NOT_COVERED = "cannot tell"
+
+
+class State(enum.Enum):
+    """A bug's state for one deployment: (token, text, exit code)."""
+
+    AFFECTED = ("affected", "affected", EXIT_AFFECTED)
+    STALE_BYTECODE = ("stale_bytecode", Verdict.STALE_BYTECODE.value, EXIT_AFFECTED)
+    PROTECTED_BY_PLUGIN = (
+        "protected_by_plugin",
+        "protected by the plugin once sglang loads it (confirm with `status --url`)",
+        EXIT_PROTECTED,
+    )
+    FIXED_IN_TREE = ("fixed_in_tree", Verdict.FIXED_IN_TREE.value, EXIT_PROTECTED)
+    FIXED_UPSTREAM = ("fixed_upstream", Verdict.FIXED_UPSTREAM.value, EXIT_PROTECTED)
+    NOT_REACHABLE = ("not_reachable", "not reachable at this configuration", EXIT_PROTECTED)
+    NOT_APPLICABLE = ("not_applicable", Verdict.NOT_APPLICABLE.value, EXIT_PROTECTED)
+    CANNOT_TELL = ("cannot_tell", "cannot tell", EXIT_CANNOT_TELL)
+
+    @property
+    def token(self) -> str:
+        return self.value[0]
+
+    @property
+    def text(self) -> str:
+        return self.value[1]
 
     @property
     def exit_code(self) -> int:
-        if self in (Verdict.AFFECTED, Verdict.STALE_BYTECODE):
-            return EXIT_AFFECTED
-        if self is Verdict.NOT_COVERED:
-            return EXIT_CANNOT_TELL
-        return EXIT_PROTECTED
+        return self.value[2]
+
+
+_FROM_VERDICT = {
+    Verdict.AFFECTED: State.AFFECTED,
+    Verdict.STALE_BYTECODE: State.STALE_BYTECODE,
+    Verdict.FIXED_IN_TREE: State.FIXED_IN_TREE,
+    Verdict.FIXED_UPSTREAM: State.FIXED_UPSTREAM,
+    Verdict.NOT_APPLICABLE: State.NOT_APPLICABLE,
+    Verdict.NOT_COVERED: State.CANNOT_TELL,
+}
+
+
+def judge(verdict: Verdict, plugin_fixes: bool, reachable: Optional[bool] = None) -> State:
+    """The one place a tree verdict becomes a deployment state.
+
+    ``plugin_fixes``: the plugin is installed and enabled in the target environment and can fix
+    this bug there (it hooks stale bytecode too: what runs then is the pristine code).
+    ``reachable``: None without a configuration; False when the configuration cannot hit the bug.
+    """
+    if verdict in (Verdict.AFFECTED, Verdict.STALE_BYTECODE):
+        if reachable is False:
+            return State.NOT_REACHABLE
+        if plugin_fixes:
+            return State.PROTECTED_BY_PLUGIN
+    return _FROM_VERDICT[verdict]
 
 
 def combined_exit(codes) -> int:

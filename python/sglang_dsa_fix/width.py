@@ -76,6 +76,24 @@ def target_verify_columns(seq_len: int, num_draft_tokens: int) -> int:
     return seq_len + num_draft_tokens
 
 
+def verify_seq_len_bound(context_len: int, num_draft_tokens: int, overlap: bool = True) -> int:
+    """The longest seq_len a TARGET_VERIFY can be run with (topk 1, full acceptance).
+
+    Admission clamps prompt + max_new_tokens to context_len - 2 (0.5.14 managers/scheduler.py:
+    1868); a request finishes inside the verify that reaches max_new_tokens. With the overlap
+    scheduler (the default) one more verify runs for it with seq_len advanced by the tokens that
+    verify appended: seq_len - context_len = k·D - M - 2 with k = ceil((M - 1) / D), at most
+    D - 4 (M - 1 = (k - 1)·D + 1). Without overlap the last verify starts at most at
+    context_len - 4. So bug #1 needs seq_len + D > buffer width: with the buffer at
+    context_len + D, D >= 5 (overlap). Observed at the bound on the H200 (0.5.14, context 512,
+    D 5, prompt 503, max_new 7): seq_len 513, the replay copied 518 columns into a 517-wide buffer.
+    Arithmetic, not yet driven on CPU for D 4 (the static rule; ``status`` labels it so).
+    """
+    if overlap:
+        return context_len + num_draft_tokens - 4
+    return context_len - 4
+
+
 def size_mismatch_message(buffer_width: int, columns: int) -> str:
     """The exact error torch raises when a replay copies ``columns`` into the buffer."""
     return (
@@ -88,9 +106,37 @@ def size_mismatch_message(buffer_width: int, columns: int) -> str:
 # Bug #2: the req_to_token row width.
 
 
-def parse_version(version: Optional[str]) -> Optional[tuple[int, int, int]]:
-    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
-    return tuple(int(x) for x in match.groups()) if match else None
+_PEP440 = re.compile(
+    r"v?(?P<release>\d+(?:\.\d+)*)(?:[-_.]?(?P<pre>a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
+    r"(?:[-_.]?(?:post|rev|r)[-_.]?(?P<post>\d*))?(?:[-_.]?dev[-_.]?(?P<dev>\d*))?(?:\+[a-z0-9.]*)?$",
+    re.IGNORECASE,
+)
+
+
+def parse_version(version: Optional[str]) -> Optional[tuple]:
+    """A PEP 440 ordering key, or None: ``0.5.15.dev3`` < ``0.5.15rc1`` < ``0.5.15`` < ``0.5.15.post1``.
+
+    Enough of PEP 440 for release numbers, pre/post/dev segments and local labels; no
+    dependency on ``packaging`` (the tool installs nothing).
+    """
+    match = _PEP440.match((version or "").strip())
+    if not match:
+        return None
+    release = tuple(int(x) for x in match["release"].split("."))
+    release = (release + (0, 0, 0))[:3] if len(release) < 3 else release
+    if match["pre"] is not None:
+        phase = -1
+    elif match["dev"] is not None and match["post"] is None:
+        phase = -2  # 0.5.15.dev3 comes before any 0.5.15 pre-release
+    else:
+        phase = 1 if match["post"] is not None else 0
+    return (*release, phase)
+
+
+def at_least(version: Optional[str], release: tuple) -> bool:
+    """``version >= release`` (a final release); unknown versions are not."""
+    parsed = parse_version(version)
+    return parsed is not None and parsed >= (*release, 0)
 
 
 def committed_margin(version: Optional[str], overlap: bool = True) -> int:
@@ -105,18 +151,16 @@ def committed_margin(version: Optional[str], overlap: bool = True) -> int:
     (0.5.23 managers/batch_result_processor.py:831). A retracted request re-prefills its prompt
     plus the output so far under the same clamp, so the bound holds after retraction too.
     Unknown versions get the smaller, safer margin. The CPU tier runs the real code to check
-    every value.
+    every value. Only the pristine arithmetic uses it: the fixes hold the whole reservation.
     """
-    parsed = parse_version(version)
-    if parsed is not None and parsed >= (0, 5, 15):
+    if at_least(version, (0, 5, 15)):
         return 4
     return 3 if overlap else 4
 
 
 def page_aligns_reservation(version: Optional[str]) -> bool:
     """From 0.5.16 ``nxt`` is rounded up to a whole page (0.5.16 allocation_sizing.py:54-57)."""
-    parsed = parse_version(version)
-    return parsed is None or parsed >= (0, 5, 16)
+    return parse_version(version) is None or at_least(version, (0, 5, 16))
 
 
 @dataclass(frozen=True)
@@ -141,8 +185,7 @@ def alloc_len_per_decode(shape: SpecShape, version: Optional[str] = None) -> int
         shape.speculative_num_draft_tokens,
         shape.page_size,
     )
-    parsed = parse_version(version)
-    exempt = not shape.has_draft_kv and (parsed is None or parsed >= (0, 5, 14))
+    exempt = not shape.has_draft_kv and (parse_version(version) is None or at_least(version, (0, 5, 14)))
     if page == 1 or topk == 1 or exempt:
         return max(steps * topk, tokens)
     pages_per_branch = ((page - 1) + steps + page - 1) // page
@@ -176,14 +219,17 @@ def required_row_extra(reserve: int, page_size: int, version: Optional[str], ove
     return reserve + align - committed_margin(version, overlap)
 
 
-def row_extra_floor(reserve: int, version: Optional[str]) -> int:
-    """What both fix forms guarantee: ``extra >= reserve - margin``.
+def row_extra_floor(reserve: int) -> int:
+    """What both fix forms guarantee: ``extra >= reserve``, the whole decode reservation.
 
-    No page term: where nxt is page-aligned and page_size > 1 (0.5.16+), sglang's own extra is
-    already ``reserve + page_size - 1`` (0.5.16 allocation_sizing.py:58-62); at page size 1
-    alignment adds nothing.
+    The invariant sglang's own repository tests (``row_width >= context_len +
+    get_alloc_reserve_per_decode()``): it holds whatever kv_committed_len the scheduler lets a
+    request reach, so the fix needs no version-dependent margin. Page alignment: where nxt is
+    page-aligned and the allocator page is > 1 (0.5.16+), sglang's own extra already is
+    ``reserve + page - 1`` (0.5.16 allocation_sizing.py:58-62, 0.5.23 :112-115); at an
+    allocator page of 1 alignment adds nothing; 0.5.13 - 0.5.15 do not align.
     """
-    return reserve - committed_margin(version)
+    return reserve
 
 
 def row_overflow_columns(version: Optional[str], shape: SpecShape) -> int:
@@ -195,5 +241,4 @@ def row_overflow_columns(version: Optional[str], shape: SpecShape) -> int:
 
 def fixed_row_extra(version: Optional[str], shape: SpecShape) -> int:
     """The row headroom with either fix form live (mirror of what they compute)."""
-    floor = row_extra_floor(reserve_per_decode(shape, version), version)
-    return max(pristine_row_extra(version, shape), floor)
+    return max(pristine_row_extra(version, shape), row_extra_floor(reserve_per_decode(shape, version)))

@@ -62,7 +62,7 @@ def shape_of(case):
 
 def runtime_fixed_sizing():
     """The installed sizing function with the plugin's AFTER-hook body applied, as HookRegistry does."""
-    hook = runtime_fix.row_extra_fix(SIZING.__name__, VERSION)
+    hook = runtime_fix.row_extra_fix(SIZING.__name__)
     original = SIZING.get_req_to_token_extra_context_len
     return lambda *args, **kwargs: hook(original(*args, **kwargs), *args, **kwargs)
 
@@ -118,7 +118,7 @@ class _FixedRowTests:
                     result.row_extra,
                     max(
                         width.pristine_row_extra(VERSION, shape_of(case)),
-                        width.row_extra_floor(2 * width.alloc_len_per_decode(shape_of(case)), VERSION),
+                        width.row_extra_floor(2 * width.alloc_len_per_decode(shape_of(case))),
                     ),
                 )
 

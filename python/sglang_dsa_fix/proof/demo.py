@@ -73,7 +73,7 @@ def page_table_table(backend_cls, patched_cls, case) -> bool:
 
 def row_table(version, patched_sizing) -> bool:
     sizing = row_overflow.sizing_module()
-    hook = runtime_fix.row_extra_fix(sizing.__name__, version)
+    hook = runtime_fix.row_extra_fix(sizing.__name__)
     original = sizing.get_req_to_token_extra_context_len
 
     def runtime_sizing(*args, **kwargs):  # what the plugin's AFTER hook returns

@@ -39,6 +39,8 @@ from unittest import mock
 
 import torch
 
+from sglang_dsa_fix.resolve import sizing_module
+
 CANARY = 0x5A5A5A5  # a slot index no allocator of these sizes hands out
 
 
@@ -82,19 +84,6 @@ class RowResult:
 def require_interpreter() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         raise RuntimeError("set TRITON_INTERPRET=1 before importing triton to run the kernels on CPU")
-
-
-def sizing_module():
-    """The module holding ``get_req_to_token_extra_context_len``; None where the release sizes
-    the row inline (0.5.9 - 0.5.12, model_executor/model_runner_kv_cache_mixin.py)."""
-    for name in ("sglang.srt.mem_cache.allocation_sizing", "sglang.srt.mem_cache.common"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(module, "get_req_to_token_extra_context_len"):
-            return module
-    return None
 
 
 def sizing_args(server_args) -> tuple:

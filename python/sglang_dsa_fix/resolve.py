@@ -1,0 +1,443 @@
+"""Resolve a deployment's launch_server arguments with sglang's OWN argument processing, and size
+its ``req_to_token`` row with sglang's OWN functions, in a child process.
+
+``status -- <launch_server args>`` calls ``resolve``: it starts the target environment's Python
+(``--python``; default the venv holding the tree, else this one) with the tree first on
+``sys.path``, and ``child_main`` there runs ``sglang.srt.server_args.prepare_server_args`` (0.5.23:
+then ``resolve_once``) under a GPU profile, reads the resolved fields and calls
+``get_req_to_token_extra_context_len`` / ``get_alloc_reserve_per_decode`` of that tree. The parent
+imports neither torch nor sglang. Where the child cannot import sglang, ``resolve`` falls back to
+the static rule on the flags it can read (``"basis": "static"``, with the reason).
+
+sglang's argument processing asks the device (0.5.14 server_args.py:2521
+``get_device_memory_capacity``, :4893 ``is_sm100_supported``, :5927 ``get_device_sm``; 0.5.23
+arg_groups/model_hook.py:341 and overrides.py:512/631 ``torch.cuda.get_device_capability``,
+memory_hook.py:78, and the platform probes through runtime_context.py:1874): the child answers
+those from a ``GPU_PROFILES`` entry, so a CPU machine resolves what the server's GPU would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from sglang_dsa_fix.tree import SglangTree, ToolError
+
+# name -> what sglang's probes see. mem_mib as the driver reports it.
+GPU_PROFILES = {
+    "h100": {"vendor": "cuda", "capability": [9, 0], "mem_mib": 81559, "name": "NVIDIA H100 80GB HBM3"},
+    "h200": {"vendor": "cuda", "capability": [9, 0], "mem_mib": 143771, "name": "NVIDIA H200"},
+    "b200": {"vendor": "cuda", "capability": [10, 0], "mem_mib": 183359, "name": "NVIDIA B200"},
+    "mi300": {
+        "vendor": "hip",
+        "capability": [9, 4],
+        "mem_mib": 196592,
+        "name": "AMD Instinct MI300X",
+        "arch": "gfx942",
+    },
+}
+GPU_PROFILE_NAMES = tuple(GPU_PROFILES)
+DEFAULT_GPU = "h200"
+CHILD_TIMEOUT_S = 180.0
+RESULT_MARK = "@@sglang-dsa-fix-resolve@@ "
+# Resolved ServerArgs fields reported under "configuration" (sglang's own names).
+FIELDS = (
+    "speculative_algorithm",
+    "speculative_num_draft_tokens",
+    "speculative_eagle_topk",
+    "speculative_num_steps",
+    "page_size",
+    "context_length",
+    "attention_backend",
+    "decode_attention_backend",
+    "disable_cuda_graph",
+    "disable_overlap_schedule",
+    "attn_dcp_size",
+    "dcp_size",
+    "device",
+)
+DSA_BACKENDS = ("dsa", "nsa")
+
+
+# ------------------------------------------------------------------------------ parent side
+
+
+def _venv_python(tree: SglangTree) -> Optional[Path]:
+    """The interpreter of the venv that holds the tree (``<venv>/lib/pythonX.Y/site-packages``)."""
+    for parent in tree.package_parent.parents:
+        if (parent / "pyvenv.cfg").is_file() and (parent / "bin" / "python").is_file():
+            return parent / "bin" / "python"
+    return None
+
+
+def local_gpu() -> Optional[dict]:
+    """The first local NVIDIA GPU as a profile (nvidia-smi), or None."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.splitlines()
+        name, capability, memory = (part.strip() for part in out[0].split(","))
+        major, minor = (int(x) for x in capability.split("."))
+        return {"vendor": "cuda", "capability": [major, minor], "mem_mib": int(float(memory)), "name": name}
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def gpu_profile(name: Optional[str]) -> tuple:
+    """(profile, how it was chosen)."""
+    if name is not None:
+        key = name.strip().lower()
+        if key not in GPU_PROFILES:
+            raise ToolError(f"--gpu {name}: unknown profile (choose from {', '.join(GPU_PROFILE_NAMES)})")
+        return GPU_PROFILES[key], f"--gpu {key}"
+    local = local_gpu()
+    if local is not None:
+        return local, f"the local GPU ({local['name']})"
+    return GPU_PROFILES[DEFAULT_GPU], f"{DEFAULT_GPU} (no local GPU; pass --gpu)"
+
+
+def resolve(
+    tree: SglangTree, launch_args: list, python: Optional[str] = None, gpu: Optional[str] = None
+) -> dict:
+    """What sglang resolves for these launch arguments, and its own widths. ToolError when sglang
+    rejects the arguments; the static rule (labelled) when sglang cannot be imported."""
+    profile, profile_note = gpu_profile(gpu)
+    if python is not None:
+        interpreter = Path(python)
+        if not os.access(interpreter, os.X_OK) or interpreter.is_dir():
+            raise ToolError(f"--python {python}: not an executable interpreter")
+    else:
+        interpreter = _venv_python(tree) or Path(sys.executable)
+    ours = str(Path(__file__).resolve().parents[1])
+    boot = (
+        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
+        "from sglang_dsa_fix import resolve; resolve.child_main(sys.argv[3:])"
+    )
+    command = [
+        str(interpreter),
+        "-c",
+        boot,
+        str(tree.package_parent),
+        ours,
+        json.dumps(profile),
+        *launch_args,
+    ]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, errors="replace", timeout=CHILD_TIMEOUT_S, env=env
+        )
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"sglang did not resolve the arguments within {CHILD_TIMEOUT_S:.0f} s") from None
+    except OSError as exc:
+        raise ToolError(f"{interpreter}: cannot run ({exc.strerror})") from None
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ToolError(f"{interpreter}: resolving the arguments failed (exit {done.returncode}: {tail})")
+    result = json.loads(lines[-1][len(RESULT_MARK) :])
+    if result.get("error_kind") == "import":
+        return static_fallback(launch_args, f"{interpreter} cannot import sglang ({result['error']})")
+    if "error" in result:
+        raise ToolError(f"sglang rejected the launch arguments: {result['error']}")
+    result["resolved_with"] = (
+        f"{result.pop('sglang_version')} ({interpreter}, GPU profile {profile_note}, "
+        f"{time.monotonic() - started:.1f} s)"
+    )
+    result["basis"] = "sglang"
+    return result
+
+
+def static_fallback(launch_args: list, why: str) -> dict:
+    """The static rule on the flags it knows, said as such."""
+    from sglang_dsa_fix import status, width
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--context-length", type=int)
+    parser.add_argument("--speculative-num-draft-tokens", type=int)
+    parser.add_argument("--speculative-num-steps", type=int)
+    parser.add_argument("--speculative-eagle-topk", type=int, default=1)
+    parser.add_argument("--page-size", type=int, default=1)
+    parser.add_argument("--speculative-algorithm", type=str.upper)
+    parser.add_argument("--disable-overlap-schedule", action="store_true")
+    args, _ = parser.parse_known_args(launch_args)
+    if args.context_length is None or args.speculative_num_draft_tokens is None:
+        raise ToolError(
+            f"{why}; the static rule needs --context-length and --speculative-num-draft-tokens "
+            "among the launch arguments"
+        )
+    D = args.speculative_num_draft_tokens
+    shape = width.SpecShape(
+        context_length=args.context_length,
+        speculative_num_draft_tokens=D,
+        speculative_num_steps=args.speculative_num_steps or max(1, D - 1),
+        speculative_eagle_topk=args.speculative_eagle_topk,
+        page_size=args.page_size,
+        has_draft_kv=args.speculative_algorithm != "NGRAM",
+        overlap=not args.disable_overlap_schedule,
+    )
+    out = status.static_configuration(shape, None)
+    out["basis_note"] = why
+    return out
+
+
+# ------------------------------------------------------------------------------ child side
+
+
+def _profile_patches(profile: dict) -> list:
+    """mock patches answering sglang's and torch's device queries from ``profile``."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import torch
+    from sglang.srt.utils import common
+
+    cuda, hip = profile["vendor"] == "cuda", profile["vendor"] == "hip"
+    major, minor = profile["capability"]
+    capability = (major, minor)
+    answers = {
+        "is_cuda": cuda,
+        "is_hip": hip,
+        "is_cuda_alike": True,
+        "is_npu": False,
+        "is_xpu": False,
+        "is_musa": False,
+        "is_mps": False,
+        "is_hpu": False,
+        "is_cpu": False,
+        "is_sm80_supported": cuda and major == 8,
+        "is_sm90_supported": cuda and major == 9,
+        "is_sm100_supported": cuda and major == 10,
+        "is_sm110_supported": cuda and major == 11,
+        "is_sm100_or_sm110_supported": cuda and major in (10, 11),
+        "is_sm120_supported": cuda and major == 12,
+        "is_blackwell_supported": cuda and major in (10, 11, 12),
+        "is_blackwell": cuda and major in (10, 11, 12),
+        "is_hopper_with_cuda_12_3": cuda and major == 9,
+        "is_ampere_with_cuda_12_3": cuda and major == 8,
+        "is_gfx942_supported": hip and profile.get("arch") == "gfx942",
+        "is_gfx95_supported": hip and profile.get("arch") == "gfx950",
+        "is_flashinfer_available": cuda,
+        "get_device_sm": major * 10 + minor,
+        "get_device_capability": capability,
+        "get_device_memory_capacity": profile["mem_mib"],
+        "get_nvgpu_memory_capacity": profile["mem_mib"],
+        "get_amdgpu_memory_capacity": profile["mem_mib"],
+    }
+
+    def answer(value):
+        fake = lambda *args, **kwargs: value  # noqa: E731
+        fake.cache_clear = lambda: None  # callers clear lru caches
+        return fake
+
+    fakes = {name: answer(value) for name, value in answers.items() if hasattr(common, name)}
+    # Modules imported `from ...common import is_cuda`: rebind every reference to the originals.
+    originals = {id(getattr(common, name)): name for name in fakes}
+    patches = []
+    for module in [m for name, m in list(sys.modules.items()) if name.startswith("sglang") and m]:
+        for attr, value in list(vars(module).items()):
+            if id(value) in originals:
+                patches.append(mock.patch.object(module, attr, fakes[originals[id(value)]]))
+    properties = SimpleNamespace(
+        name=profile["name"],
+        total_memory=profile["mem_mib"] << 20,
+        major=major,
+        minor=minor,
+        multi_processor_count=132,
+        gcnArchName=profile.get("arch", ""),
+    )
+    for name, value in {
+        "is_available": True,
+        "device_count": 8,
+        "get_device_capability": capability,
+        "get_device_properties": properties,
+        "get_device_name": profile["name"],
+        "mem_get_info": (properties.total_memory, properties.total_memory),
+        "current_device": 0,
+    }.items():
+        patches.append(mock.patch.object(torch.cuda, name, answer(value)))
+    patches.append(mock.patch.object(torch.version, "cuda", "12.9" if cuda else None))
+    patches.append(mock.patch.object(torch.version, "hip", "6.4.0" if hip else None))
+    return patches
+
+
+def _preimport() -> None:
+    """Import the resolution modules first, so the profile patches reach their references."""
+    import importlib
+    import pkgutil
+
+    import sglang.srt.server_args  # noqa: F401
+
+    for package in ("sglang.srt.arg_groups",):
+        try:
+            module = importlib.import_module(package)
+        except ImportError:
+            continue
+        for info in pkgutil.walk_packages(module.__path__, package + "."):
+            try:
+                importlib.import_module(info.name)
+            except Exception:  # optional backends' modules
+                continue
+    for name in (
+        "sglang.srt.configs.model_config",
+        "sglang.srt.speculative.spec_info",
+        "sglang.srt.mem_cache.common",
+        "sglang.srt.mem_cache.allocation_sizing",
+    ):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+
+
+def _given_and_defaults(argv: list) -> tuple:
+    """(the parser's values, the dests the argv sets itself): sglang's own parser."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    parsed = vars(parser.parse_args(argv))
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return parsed, set(vars(parser.parse_args(argv)))
+
+
+def _read_fields(server_args, parsed: dict, given: set) -> tuple:
+    """(configuration, sources): each field's resolved value and where it came from."""
+    declarations = getattr(server_args, "_resolved_overrides", None)  # 0.5.23: (source, fields)
+    read = lambda name: getattr(server_args, name)  # noqa: E731
+    if declarations is not None:
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        view = resolving_view(server_args)
+        read = lambda name: getattr(view, name)  # noqa: E731
+    config, sources = {}, {}
+    for name in FIELDS:
+        try:
+            value = read(name)
+        except AttributeError:
+            continue
+        if callable(value):
+            continue
+        config[name] = value
+        by = sorted({source for source, fields in declarations or () if name in fields})
+        if name in parsed and value != parsed[name]:
+            sources[name] = "resolved by sglang" + (f" ({', '.join(by)})" if by else "")
+        elif name in given:
+            sources[name] = "argument"
+        elif name in parsed:
+            sources[name] = "sglang default"
+    return config, sources
+
+
+def _context_len(server_args) -> int:
+    """The context length sglang serves: the model config's, capped or raised by the flag."""
+    try:
+        from sglang.srt.arg_groups.model_override_base import model_config_of  # 0.5.23
+
+        return int(model_config_of(server_args).context_len)
+    except ImportError:
+        return int(server_args.get_model_config().context_len)
+
+
+def sizing_module():
+    """The module holding ``get_req_to_token_extra_context_len``; None where the release sizes
+    the row inline (0.5.9 - 0.5.12, model_executor/model_runner_kv_cache_mixin.py)."""
+    import importlib
+
+    for name in ("sglang.srt.mem_cache.allocation_sizing", "sglang.srt.mem_cache.common"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "get_req_to_token_extra_context_len"):
+            return module
+    return None
+
+
+def _widths(server_args) -> dict:
+    """sglang's own row headroom and decode reservation for these server args."""
+    import inspect
+
+    module = sizing_module()
+    if module is None:
+        return {}
+    extra, reserve = module.get_req_to_token_extra_context_len, module.get_alloc_reserve_per_decode
+    if inspect.signature(extra).parameters:  # 0.5.13 - 0.5.22 take server_args
+        out = {"row_extra": extra(server_args), "decode_reserve": reserve(server_args)}
+    else:  # 0.5.23 reads the published runtime context
+        from sglang.srt.runtime_context import publish
+
+        publish(server_args, role="test")
+        out = {"row_extra": extra(), "decode_reserve": reserve()}
+    page = getattr(module, "get_alloc_page_size", None)
+    out["alloc_page_size"] = int(page()) if page and not inspect.signature(page).parameters else None
+    out["sizing_function"] = f"{module.__name__}.get_req_to_token_extra_context_len"
+    return {
+        k: int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in out.items()
+    }
+
+
+def child_main(argv: list) -> None:
+    """In the target environment: print one RESULT_MARK line of JSON, whatever happens."""
+    import contextlib
+    import io
+    import logging
+
+    profile, launch_args = json.loads(argv[0]), argv[1:]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            _preimport()
+            import sglang
+    except Exception as exc:  # ImportError, or a broken environment: the static rule takes over
+        _emit({"error_kind": "import", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+        return
+    logging.disable(logging.CRITICAL)
+    errors = io.StringIO()
+    try:
+        with contextlib.ExitStack() as stack, contextlib.redirect_stdout(io.StringIO()):
+            stack.enter_context(contextlib.redirect_stderr(errors))
+            for patch in _profile_patches(profile):
+                stack.enter_context(patch)
+            parsed, given = _given_and_defaults(launch_args)
+            from sglang.srt.server_args import prepare_server_args
+
+            server_args = prepare_server_args(launch_args)
+            if hasattr(server_args, "resolve_once"):  # 0.5.23: resolution is explicit
+                server_args.resolve_once()
+            config, sources = _read_fields(server_args, parsed, given)
+            config["context_length"] = _context_len(server_args)
+            widths = _widths(server_args)
+    except SystemExit as exc:  # argparse: its message went to stderr
+        said = (errors.getvalue().strip().splitlines() or [f"sglang's parser exited ({exc.code})"])[-1]
+        _emit({"error_kind": "arguments", "error": said})
+        return
+    except BaseException as exc:
+        _emit({"error_kind": "arguments", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+        return
+    _emit(
+        {
+            "sglang_version": getattr(sglang, "__version__", None),
+            "configuration": config,
+            "sources": sources,
+            "widths": widths,
+        }
+    )
+
+
+def _emit(result: dict) -> None:
+    print(RESULT_MARK + json.dumps(result, default=str), flush=True)

@@ -1,0 +1,144 @@
+"""``status -- <launch_server args>``: sglang's own argument processing (in a child process of the
+target Python) decides the configuration, and the tree's own sizing functions the widths.
+
+Each case resolves once (~8 s on the CI machine): the child imports torch and sglang.
+"""
+
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+from helpers import INSTALLED, run_cli
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+}
+NGRAM = ["--speculative-algorithm", "ngram", "--context-length", "4096", "--device", "cuda"]
+
+
+class TestResolvedBySglang(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = Path(tempfile.mkdtemp(prefix="dsa-fix-resolve-"))
+        cls.model = cls.tmp / "llama"
+        cls.model.mkdir()
+        (cls.model / "config.json").write_text(json.dumps(LLAMA))
+        # The installed sglang, linked file by file into a site dir of its own (no plugin there):
+        # files the test edits are replaced by real copies.
+        cls.site = cls.tmp / "site"
+        shutil.copytree(INSTALLED.package, cls.site / "sglang", copy_function=os.symlink)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def status(self, *launch_args, extra=()):
+        rc, out, err = run_cli(
+            "status", "--json", "--sglang-root", str(self.site), *extra, "--", *launch_args
+        )
+        report = json.loads(out)
+        self.assertEqual(rc, report["exit_code"], err)
+        return rc, report, err
+
+    def bug(self, report, name):
+        return next(b for b in report["bugs"] if b["bug"] == name)
+
+    def edit(self, relative, old, new):
+        path = self.site / "sglang" / relative
+        data = path.read_bytes()
+        path.unlink()
+        path.write_bytes(data.replace(old, new, 1))
+        self.addCleanup(lambda: (path.unlink(), path.symlink_to(INSTALLED.package / relative)))
+
+    def test_ngram_as_sglang_resolves_it(self):
+        rc, report, _ = self.status("--model-path", str(self.model), *NGRAM)
+        self.assertEqual(report["basis"], "sglang")
+        config, sources = report["configuration"], report["sources"]
+        # sglang 0.5.14 fills NGRAM's own defaults (arg_groups/speculative_hook.py).
+        self.assertEqual(
+            (config["speculative_num_draft_tokens"], config["speculative_eagle_topk"], config["page_size"]),
+            (12, 10, 1),
+        )
+        self.assertEqual(config["speculative_algorithm"], "NGRAM")
+        self.assertTrue(sources["speculative_num_draft_tokens"].startswith("resolved by sglang"))
+        self.assertEqual(sources["context_length"], "argument")
+        row = self.bug(report, "req_to_token_row")
+        at = row["at_configuration"]
+        # Row 4 + 12 = 16, reservation 2·12 = 24, the last prepare at context_len - 3: 5 columns.
+        self.assertEqual((at["row_extra"], at["decode_reserve"], at["columns_past_row_end"]), (16, 24, 5))
+        self.assertEqual((row["state"], rc), ("affected", 1))
+        self.assertEqual(self.bug(report, "page_table")["state"], "not_reachable")  # fa3, not DSA
+
+    def test_widths_come_from_the_trees_own_functions(self):
+        sizing = "srt/mem_cache/common.py"
+        self.edit(
+            sizing,
+            b"    return extra\n\n\ndef alloc_token_slots",
+            b"    extra += 1\n    return extra\n\n\ndef alloc_token_slots",
+        )
+        self.edit(
+            sizing,
+            b"    return 2 * get_alloc_len_per_decode(server_args)",
+            b"    return 4 * get_alloc_len_per_decode(server_args)",
+        )
+        _, report, _ = self.status("--model-path", str(self.model), *NGRAM)
+        at = self.bug(report, "req_to_token_row")["at_configuration"]
+        self.assertEqual((at["row_extra"], at["decode_reserve"]), (17, 48))
+        self.assertEqual(at["columns_past_row_end"], 48 - 3 - 17)
+
+    def test_sglang_rejecting_the_arguments_is_one_line(self):
+        rc, out, err = run_cli(
+            "status",
+            "--sglang-root",
+            str(self.site),
+            "--",
+            "--model-path",
+            str(self.model),
+            "--page-size",
+            "x",
+        )
+        self.assertEqual((rc, out), (2, ""))
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertIn("sglang rejected the launch arguments", err)
+
+    def test_without_sglang_the_static_rule_says_so(self):
+        # An interpreter that cannot import torch (no site-packages).
+        wrapper = self.tmp / "python-without-site"
+        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S -s "$@"\n')
+        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+        rc, report, _ = self.status(
+            "--model-path",
+            str(self.model),
+            "--context-length",
+            "256",
+            "--speculative-num-draft-tokens",
+            "8",
+            extra=("--python", str(wrapper)),
+        )
+        self.assertEqual(report["basis"], "static")
+        self.assertIn("cannot import sglang", report["basis_note"])
+        self.assertEqual(self.bug(report, "req_to_token_row")["at_configuration"]["columns_past_row_end"], 1)
+        rc, out, err = run_cli(
+            "status", "--sglang-root", str(self.site), "--python", str(wrapper), "--", "--model-path", "x"
+        )
+        self.assertEqual(rc, 2)
+        self.assertIn("the static rule needs --context-length", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
