@@ -61,6 +61,7 @@ class Release:
     plugin: bool = False  # plugin API present (0.5.11+)
     row_inline: bool = False  # row sized inline (0.5.9 - 0.5.12): bug #2 in-tree only
     upstream_tests: str | None = UPSTREAM_LAYOUT  # None: run upstream/ tests; else why not
+    resolves: bool = False  # run `status -- <launch args>` cases (sglang resolves them)
 
 
 RELEASES = [
@@ -77,14 +78,8 @@ RELEASES = [
     Release("0.5.15", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     Release("0.5.16", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     # The newest release the GPU host's torch 2.11 runs (its bug #2 end-to-end run).
-    Release("0.5.17", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
-    Release(
-        "0.5.23",
-        FIXED_UPSTREAM,
-        AFFECTED,
-        cpu_tier="bug #1 fixed upstream",
-        plugin=True,
-    ),
+    Release("0.5.17", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True, resolves=True),
+    Release("0.5.23", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True, resolves=True),
 ]
 BASE_VERSION = "0.5.14"
 
@@ -253,6 +248,82 @@ def check_plugin_decisions(row: Row, release: Release, site: Path | None) -> Non
     row.add("status --json verdicts", verdicts == [release.page_table, release.row], str(verdicts))
 
 
+# (0.5.23's own EAGLE hook reads --speculative-eagle-topk unguarded when steps and D are given:
+# without it sglang fails with a TypeError, which status reports as sglang's rejection.)
+EAGLE_3_4 = "--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 --speculative-num-draft-tokens 4".split()
+EAGLE_8_9 = "--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 8 --speculative-num-draft-tokens 9".split()
+# (model, GPU profile, launch args, expected: page_size, bug #2 state, exit code). sglang runs DSA at
+# page 64 on CUDA (0.5.23 arg_groups/model_overrides/deepseek_v2.py:171) and page 1 on the legacy
+# ROCm DSA path (:155); NGRAM fills its own D 12 / topk 10 (speculative_hook.py).
+RESOLUTION_CASES = (
+    ("dsa", "h200", EAGLE_3_4, 64, "not_reachable", 0),
+    ("dsa", "mi300", EAGLE_3_4, 1, "not_reachable", 0),  # page 1, but D 4: 2·4 <= 4 + 4
+    ("dsa", "mi300", EAGLE_8_9, 1, "affected", 1),
+    ("llama", "h200", ["--speculative-algorithm", "NGRAM"], 1, "affected", 1),
+    # DFLASH (0.5.17+): block 16 from the draft's config; its own 2 x block reservation.
+    (
+        "llama",
+        "h200",
+        ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "{dflash}"],
+        1,
+        "affected",
+        1,
+    ),
+)
+
+
+def check_resolution(row: Row, site: Path | None) -> None:
+    """``status -- <launch args>`` against this release: sglang's own resolution decides."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in ("dsa", "llama", "dflash"):
+            source = "llama" if model == "dflash" else model
+            config = json.loads((REPO / "benchmark" / f"tiny_{source}_model.json").read_text())
+            config["max_position_embeddings"] = 8192
+            if model == "dflash":  # a DFLASH draft (0.5.23 speculative/dflash_utils.py:588)
+                config.update(architectures=["DFlashDraftModel"], block_size=16)
+                config["dflash_config"] = {"block_size": 16, "target_layer_ids": [0], "mask_token_id": 2047}
+            (Path(tmp) / model).mkdir()
+            (Path(tmp) / model / "config.json").write_text(json.dumps(config))
+        for model, gpu, args, page, state, code in RESOLUTION_CASES:
+            label = f"status -- {model} {gpu} {' '.join(a for a in args[1::2] if '{' not in a)}"
+            args = [a.format(dflash=Path(tmp) / "dflash") for a in args]
+            launch = [
+                "--model-path",
+                str(Path(tmp) / model),
+                *args,
+                "--context-length",
+                "4096",
+                "--device",
+                "cuda",
+            ]
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "sglang_dsa_fix",
+                    "status",
+                    "--json",
+                    "--sglang-root",
+                    str(site),
+                    "--gpu",
+                    gpu,
+                    "--",
+                    *launch,
+                ],
+                env=env_for(site),
+                capture_output=True,
+                text=True,
+            )
+            try:
+                report = json.loads(proc.stdout)
+                bug = next(b for b in report["bugs"] if b["bug"] == Bug.ROW_OVERFLOW.value)
+                got = (report["configuration"]["page_size"], bug["state"], proc.returncode)
+                detail = f"{got} columns {bug.get('at_configuration', {}).get('columns_past_row_end')}"
+            except (ValueError, KeyError, StopIteration):
+                got, detail = None, proc.stderr.strip()[-300:]
+            row.add(label, got == (page, state, code), detail)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="sglang release matrix")
     parser.add_argument("--only", help="comma list of versions")
@@ -281,6 +352,8 @@ def main(argv=None) -> int:
                 run_pytest(row, name, site, target, args.full)
             else:
                 row.add(name, True, f"skipped: {reason}")
+        if release.resolves:
+            check_resolution(row, site)
         if release.upstream_tests is None:
             check_upstream_tests(row, tree, site)
         else:

@@ -65,8 +65,8 @@ class TestResolvedBySglang(unittest.TestCase):
         path.write_bytes(data.replace(old, new, 1))
         self.addCleanup(lambda: (path.unlink(), path.symlink_to(INSTALLED.package / relative)))
 
-    def test_ngram_as_sglang_resolves_it(self):
-        rc, report, _ = self.status("--model-path", str(self.model), *NGRAM)
+    def test_ngram_as_sglang_resolves_it_and_the_decode_path_agrees(self):
+        rc, report, _ = self.status("--model-path", str(self.model), *NGRAM, extra=("--prove",))
         self.assertEqual(report["basis"], "sglang")
         config, sources = report["configuration"], report["sources"]
         # sglang 0.5.14 fills NGRAM's own defaults (arg_groups/speculative_hook.py).
@@ -82,6 +82,10 @@ class TestResolvedBySglang(unittest.TestCase):
         # Row 4 + 12 = 16, reservation 2·12 = 24, the last prepare at context_len - 3: 5 columns.
         self.assertEqual((at["row_extra"], at["decode_reserve"], at["columns_past_row_end"]), (16, 24, 5))
         self.assertEqual((row["state"], rc), ("affected", 1))
+        # --prove: sglang's real decode path (Triton interpreter) writes exactly those columns.
+        measured = at["measured"]
+        self.assertEqual((measured["columns_past_row_end"], measured["neighbour_cells_changed"]), (5, 5))
+        self.assertTrue(measured["agrees_with_arithmetic"])
         self.assertEqual(self.bug(report, "page_table")["state"], "not_reachable")  # fa3, not DSA
 
     def test_widths_come_from_the_trees_own_functions(self):

@@ -79,7 +79,11 @@ def run_status(args) -> tuple[dict, str, int]:
         from sglang_dsa_fix import resolve
 
         resolved = resolve.resolve(
-            trees.find_tree(args.sglang_root), args.launch_args, python=args.python, gpu=args.gpu
+            trees.find_tree(args.sglang_root),
+            args.launch_args,
+            python=args.python,
+            gpu=args.gpu,
+            prove=args.prove,
         )
     elif args.context_length is not None:
         D = args.speculative_num_draft_tokens
@@ -157,10 +161,21 @@ def _at_configuration_line(bug: dict) -> str:
         if at["reachable"]
         else "no write past the row end"
     )
-    return (
+    line = (f"  note: {at['note']}\n" if "note" in at else "") + (
         f"  at this configuration: row headroom {at['row_extra']}, decode reservation "
         f"{at['decode_reserve']}, needs {at['row_extra_needed']} -> {verdict} (with the fix: "
         f"headroom {at['row_extra_with_fix']})"
+    )
+    proof = at.get("measured")
+    if proof is None:
+        return line
+    if "columns_past_row_end" not in proof:
+        return line + f"\n  --prove: {proof.get('error') or proof.get('skipped')}"
+    return line + (
+        f"\n  --prove (sglang's decode path, context {proof['context_length']}): "
+        f"{proof['columns_past_row_end']} column(s) past the row end, "
+        f"{proof['neighbour_cells_changed']} neighbour cell(s) changed, {proof['leaked_slots']} slot(s) leaked"
+        + ("" if proof.get("agrees_with_arithmetic", True) else " — DISAGREES with the arithmetic")
     )
 
 
@@ -320,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(GPU_PROFILE_NAMES)
         + " (default: the local GPU, else h200)",
     )
+    status.add_argument(
+        "--prove",
+        action="store_true",
+        help="with `--`: also drive sglang's real decode path on this machine (CPU: Triton's "
+        "interpreter) for the resolved configuration and report the columns it writes past the row",
+    )
     static = status.add_argument_group(
         "static rule (no sglang import; prefer `-- <launch_server args>`)",
         "sglang's flag spellings; --context-length and --speculative-num-draft-tokens go together",
@@ -425,8 +446,8 @@ def _check_status_args(parser, args) -> None:
         )
     if args.url is None and (args.timeout, args.api_key) != (None, None):
         parser.error("status: --timeout and --api-key go with --url")
-    if (args.python or args.gpu) and args.launch_args is None:
-        parser.error("status: --python and --gpu go with `-- <launch_server args>`")
+    if (args.python or args.gpu or args.prove) and args.launch_args is None:
+        parser.error("status: --python, --gpu and --prove go with `-- <launch_server args>`")
     if args.launch_args is not None and not args.launch_args:
         parser.error("status: `--` needs the launch_server arguments after it")
 

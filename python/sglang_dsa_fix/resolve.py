@@ -19,6 +19,7 @@ those from a ``GPU_PROFILES`` entry, so a CPU machine resolves what the server's
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -110,10 +111,16 @@ def gpu_profile(name: Optional[str]) -> tuple:
 
 
 def resolve(
-    tree: SglangTree, launch_args: list, python: Optional[str] = None, gpu: Optional[str] = None
+    tree: SglangTree,
+    launch_args: list,
+    python: Optional[str] = None,
+    gpu: Optional[str] = None,
+    prove: bool = False,
 ) -> dict:
     """What sglang resolves for these launch arguments, and its own widths. ToolError when sglang
-    rejects the arguments; the static rule (labelled) when sglang cannot be imported."""
+    rejects the arguments; the static rule (labelled) when sglang cannot be imported.
+    ``prove``: also drive sglang's real decode path for that configuration (``proof.row_overflow``
+    at context ``PROVE_CONTEXT``) and report the columns it really writes past the row end."""
     profile, profile_note = gpu_profile(gpu)
     if python is not None:
         interpreter = Path(python)
@@ -132,10 +139,12 @@ def resolve(
         boot,
         str(tree.package_parent),
         ours,
-        json.dumps(profile),
+        json.dumps({"profile": profile, "prove": prove}),
         *launch_args,
     ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+    if prove and local_gpu() is None:
+        env["TRITON_INTERPRET"] = "1"  # sglang's Triton kernels on CPU: set before triton loads
     started = time.monotonic()
     try:
         done = subprocess.run(
@@ -245,6 +254,12 @@ def _profile_patches(profile: dict) -> list:
         return fake
 
     fakes = {name: answer(value) for name, value in answers.items() if hasattr(common, name)}
+    # Answers cached on the CPU at import time (0.5.23 dsa/utils.py's
+    # aiter_can_use_preshuffle_paged_mqa, first called at dsa_indexer.py:134) are forgotten.
+    for module in [m for name, m in list(sys.modules.items()) if name.startswith("sglang") and m]:
+        for value in list(vars(module).values()):
+            if isinstance(value, functools._lru_cache_wrapper):  # no getattr: lazy proxies import
+                value.cache_clear()
     # Modules imported `from ...common import is_cuda`: rebind every reference to the originals.
     originals = {id(getattr(common, name)): name for name in fakes}
     patches = []
@@ -295,6 +310,8 @@ def _preimport() -> None:
     for name in (
         "sglang.srt.configs.model_config",
         "sglang.srt.speculative.spec_info",
+        "sglang.srt.speculative.dflash_utils",
+        "sglang.srt.layers.attention.dsa.utils",
         "sglang.srt.mem_cache.common",
         "sglang.srt.mem_cache.allocation_sizing",
     ):
@@ -302,6 +319,28 @@ def _preimport() -> None:
             importlib.import_module(name)
         except ImportError:
             continue
+
+
+def _resolve(launch_args: list):
+    from sglang.srt.server_args import prepare_server_args
+
+    server_args = prepare_server_args(launch_args)
+    if hasattr(server_args, "resolve_once"):  # 0.5.23: resolution is explicit (server_args.py:247)
+        server_args.resolve_once()
+    return server_args
+
+
+def _warm_up(launch_args: list) -> None:
+    """One throw-away resolution on this machine's own answers, so that modules sglang's handlers
+    import lazily are imported without the profile (under it, ``is_cuda()`` makes 0.5.23's
+    dflash_utils import sgl_kernel, a CUDA-only package). Environment writes are undone."""
+    from unittest import mock
+
+    with mock.patch.dict(os.environ):
+        try:
+            _resolve(launch_args)
+        except BaseException:
+            pass
 
 
 def _given_and_defaults(argv: list) -> tuple:
@@ -317,24 +356,26 @@ def _given_and_defaults(argv: list) -> tuple:
 
 
 def _read_fields(server_args, parsed: dict, given: set) -> tuple:
-    """(configuration, sources): each field's resolved value and where it came from."""
-    declarations = getattr(server_args, "_resolved_overrides", None)  # 0.5.23: (source, fields)
+    """(configuration, sources): each field's resolved value and where it came from. 0.5.17+
+    record which handler declared a field (``_resolved_overrides``); 0.5.17 writes the result
+    onto the fields, 0.5.23 keeps the record raw (``_raw_input``) and resolves on read."""
+    declarations = getattr(server_args, "_resolved_overrides", None) or ()
     read = lambda name: getattr(server_args, name)  # noqa: E731
-    if declarations is not None:
-        from sglang.srt.arg_groups.overrides import resolving_view
+    if getattr(server_args, "_raw_input", None) is not None:
+        from sglang.srt.arg_groups.overrides import resolution_result, resolving_view
 
         view = resolving_view(server_args)
-        read = lambda name: getattr(view, name)  # noqa: E731
+        read = lambda name: resolution_result(server_args, name) if name in parsed else getattr(view, name)  # noqa: E731
     config, sources = {}, {}
     for name in FIELDS:
         try:
             value = read(name)
-        except AttributeError:
+        except Exception:  # not a field of this release
             continue
         if callable(value):
             continue
         config[name] = value
-        by = sorted({source for source, fields in declarations or () if name in fields})
+        by = sorted({source for source, fields in declarations if name in fields})
         if name in parsed and value != parsed[name]:
             sources[name] = "resolved by sglang" + (f" ({', '.join(by)})" if by else "")
         elif name in given:
@@ -398,7 +439,8 @@ def child_main(argv: list) -> None:
     import io
     import logging
 
-    profile, launch_args = json.loads(argv[0]), argv[1:]
+    options, launch_args = json.loads(argv[0]), argv[1:]
+    profile = options["profile"]
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             _preimport()
@@ -411,14 +453,11 @@ def child_main(argv: list) -> None:
     try:
         with contextlib.ExitStack() as stack, contextlib.redirect_stdout(io.StringIO()):
             stack.enter_context(contextlib.redirect_stderr(errors))
+            _warm_up(launch_args)
             for patch in _profile_patches(profile):
                 stack.enter_context(patch)
             parsed, given = _given_and_defaults(launch_args)
-            from sglang.srt.server_args import prepare_server_args
-
-            server_args = prepare_server_args(launch_args)
-            if hasattr(server_args, "resolve_once"):  # 0.5.23: resolution is explicit
-                server_args.resolve_once()
+            server_args = _resolve(launch_args)
             config, sources = _read_fields(server_args, parsed, given)
             config["context_length"] = _context_len(server_args)
             widths = _widths(server_args)
@@ -429,14 +468,56 @@ def child_main(argv: list) -> None:
     except BaseException as exc:
         _emit({"error_kind": "arguments", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         return
-    _emit(
-        {
-            "sglang_version": getattr(sglang, "__version__", None),
-            "configuration": config,
-            "sources": sources,
-            "widths": widths,
-        }
-    )
+    result = {
+        "sglang_version": getattr(sglang, "__version__", None),
+        "configuration": config,
+        "sources": sources,
+        "widths": widths,
+    }
+    if options.get("prove"):
+        result["prove"] = _prove(config)
+    _emit(result)
+
+
+PROVE_CONTEXT, PROVE_PROMPT = 256, 100
+# Algorithms whose decode reservation is the spec-v2 EAGLE prepare the driver runs.
+PROVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "NGRAM", "STANDALONE")
+
+
+def _prove(config: dict) -> dict:
+    """Drive the real spec-v2 decode path (sizing, pool, allocator, prepare, Triton kernel) for
+    one request of this configuration to its last reservation, a canary in the next row. The
+    columns past the row end do not depend on the context length, so a short one stands in."""
+    algorithm = str(config.get("speculative_algorithm") or "").upper()
+    if not algorithm:
+        return {"skipped": "no speculative decoding"}
+    if algorithm not in PROVE_ALGORITHMS:
+        return {"skipped": f"{algorithm} reserves in its own decode path, which the CPU driver does not run"}
+    try:
+        from sglang_dsa_fix.proof import row_overflow
+
+        D = config["speculative_num_draft_tokens"]
+        case = row_overflow.RowCase(
+            PROVE_CONTEXT,
+            D,
+            config.get("page_size") or 1,
+            not config.get("disable_overlap_schedule"),
+            PROVE_PROMPT,
+            topk=config.get("speculative_eagle_topk") or 1,
+            num_steps=config.get("speculative_num_steps") or max(1, D - 1),
+            algorithm=config["speculative_algorithm"],
+        )
+        result = row_overflow.run(case)
+    except Exception as exc:  # a release or algorithm the driver does not run
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    return {
+        "context_length": PROVE_CONTEXT,
+        "prompt_len": PROVE_PROMPT,
+        "row_extra": result.row_extra,
+        "columns_past_row_end": result.columns_past_row_end,
+        "neighbour_cells_changed": result.canary_clobbered,
+        "leaked_slots": result.leaked_slots,
+    }
 
 
 def _emit(result: dict) -> None:

@@ -135,6 +135,14 @@ def evaluate_width(expression: str, context_len: int, draft: int, pool_width: in
 # ------------------------------------------------------------------------------ per bug, per configuration
 
 
+DFLASH_NOTE = (
+    "DFLASH reserves 2 x block in its own decode path (speculative/dflash_info_v2.py 0.5.23:142-153, "
+    "0.5.17:154) with no row check; judged from get_alloc_reserve_per_decode(), which equals that "
+    "at steps = topk = 1 (source reading: the CPU driver runs the EAGLE/NGRAM path only); both fixes "
+    "raise the row to it"
+)
+
+
 def decision_inputs(resolved: dict) -> dict:
     """What the per-bug arithmetic reads, from a resolved (or static) configuration."""
     config, widths = resolved["configuration"], resolved["widths"]
@@ -148,6 +156,8 @@ def decision_inputs(resolved: dict) -> dict:
         "row_extra": widths["row_extra"],
         "decode_reserve": widths["decode_reserve"],
     }
+    if str(algorithm).upper() == "DFLASH":
+        inputs["row_note"] = DFLASH_NOTE
     backend = config.get("decode_attention_backend") or config.get("attention_backend")
     if resolved.get("basis") == "sglang" and not algorithm:
         inputs["page_table_not_reachable"] = inputs["row_not_reachable"] = "no speculative decoding"
@@ -188,6 +198,7 @@ def row_at(version: str, inputs: dict) -> dict:
     need = width.required_row_extra(reserve, inputs["alloc_page_size"], version, inputs["overlap"])
     columns = max(0, need - extra)
     return {
+        **({"note": inputs["row_note"]} if "row_note" in inputs else {}),
         "row_extra": extra,
         "decode_reserve": reserve,
         "row_extra_needed": need,
@@ -195,6 +206,13 @@ def row_at(version: str, inputs: dict) -> dict:
         "columns_past_row_end": columns,
         "reachable": columns > 0,
     }
+
+
+def measured(at: dict, prove: dict) -> dict:
+    """``status --prove``: what sglang's real decode path wrote, beside the arithmetic."""
+    if "columns_past_row_end" not in prove or "columns_past_row_end" not in at:
+        return prove
+    return {**prove, "agrees_with_arithmetic": prove["columns_past_row_end"] == at["columns_past_row_end"]}
 
 
 def static_configuration(shape: width.SpecShape, version: Optional[str]) -> dict:
@@ -245,6 +263,10 @@ def collect(root: Optional[str], resolved: Optional[dict] = None) -> dict:
                 entry["at_configuration"] = page_table_at(state, inputs)
             else:
                 entry["at_configuration"] = row_at(version, inputs)
+                if "prove" in resolved:
+                    entry["at_configuration"]["measured"] = measured(
+                        entry["at_configuration"], resolved["prove"]
+                    )
             reachable = entry["at_configuration"]["reachable"]
         verdict = judge(state.verdict, plugin_fixes, reachable)
         entry.update(state=verdict.token, state_text=verdict.text, exit_code=verdict.exit_code)

@@ -144,6 +144,51 @@ class TestInTreePatchRow(_FixedRowTests, CustomTestCase):
         return self.patched_sizing
 
 
+# (algorithm, D, topk, steps, page sizes): the configurations sglang's own repository tests the
+# sizing invariant at, plus EAGLE topk 1 at D 8 / 16.
+INVARIANT_CASES = (
+    ("NGRAM", 12, 10, 1, (1,)),
+    ("DFLASH", 16, 1, 1, (1,)),
+    ("EAGLE", 8, 1, 7, (1, 64)),
+    ("EAGLE", 16, 1, 15, (1, 64)),
+    ("EAGLE", 8, 4, 3, (1, 16)),
+)
+
+
+def _algorithm_known(name: str) -> bool:
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return hasattr(SpeculativeAlgorithm, name)
+
+
+@sized_by_function
+class TestFixedRowHoldsTheReservation(CustomTestCase):
+    """With either fix, sglang's own ``get_req_to_token_extra_context_len()`` >=
+    ``get_alloc_reserve_per_decode()`` (the invariant, no margin): the row holds the whole decode
+    reservation whatever kv_committed_len the scheduler lets a request reach."""
+
+    def test_both_fixes_hold_the_whole_reservation(self):
+        with patched_copy() as patched:
+            fixes = {"runtime fix": runtime_fixed_sizing(), "in-tree patch": patched.sizing_function}
+            checked = 0
+            for algorithm, D, topk, steps, pages in INVARIANT_CASES:
+                if not _algorithm_known(algorithm):  # DFLASH: 0.5.17+
+                    continue
+                for page, (name, sizing) in itertools.product(pages, fixes.items()):
+                    case = row_overflow.RowCase(
+                        256, D, page, True, 100, topk=topk, num_steps=steps, algorithm=algorithm
+                    )
+                    with (
+                        self.subTest(algorithm=algorithm, D=D, topk=topk, page=page, fix=name),
+                        row_overflow.global_server_args(row_overflow.server_args_for(case)) as published,
+                    ):
+                        call = row_overflow.sizing_args(published)
+                        reserve = SIZING.get_alloc_reserve_per_decode(*call)
+                        self.assertGreaterEqual(sizing(*call), reserve)
+                        checked += 1
+            self.assertGreater(checked, 0)
+
+
 @sized_by_function
 class TestRowRuleAgainstSglang(CustomTestCase):
     """width.pristine_row_extra / alloc_len_per_decode (status's arithmetic) vs the real functions."""
