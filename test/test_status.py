@@ -191,8 +191,16 @@ class TestStatusStatic(StatusTestCase):
             "status", *SHAPE[:4], "--speculative-algorithm", "ngram", "--speculative-eagle-topk", "10"
         )
         self.assertEqual(report["configuration"]["speculative_algorithm"], "NGRAM")
+        # sglang's human-readable ints: 160Ki = 163840, 1.6k = 1600.
+        for text, value in (("160Ki", 163840), ("1.6k", 1600), ("4096", 4096)):
+            with self.subTest(context_length=text):
+                report = self.report(
+                    "status", "--context-length", text, "--speculative-num-draft-tokens", "4"
+                )
+                self.assertEqual(report["configuration"]["context_length"], value)
         for argv, message in (
             (["--page-size", "1"], "needs --context-length"),
+            (["--context-length", "1.5Ki", "--speculative-num-draft-tokens", "4"], "invalid integer"),
             (["--context-length", "256"], "go together"),
             (["--url", "http://x", *SHAPE], "--url judges the live server alone"),
             (["--gpu", "h200"], "go with `-- <launch_server args>`"),

@@ -247,6 +247,26 @@ def _seconds(text: str) -> float:
     return value
 
 
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _human_int(text: str) -> int:
+    """A positive int as sglang's flags take it (0.5.23 utils/common.py:3394): ``163840``,
+    ``160Ki`` (IEC, integers only), ``25.6k`` (SI); suffixes are case-sensitive."""
+    import re
+    from decimal import Decimal
+
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?", text.strip())
+    if not match or (match[2] in _IEC and "." in match[1]) or (match[2] is None and "." in match[1]):
+        raise argparse.ArgumentTypeError(
+            f"invalid integer {text!r}: a plain integer, SI (25.6k, 1M) or IEC (160Ki) suffixes"
+        )
+    number, suffix = match.groups()
+    value = int(Decimal(number) * (_SI.get(suffix) or _IEC.get(suffix) or 1))
+    return _positive(str(value))
+
+
 def _directory(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
@@ -345,7 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
         "static rule (no sglang import; prefer `-- <launch_server args>`)",
         "sglang's flag spellings; --context-length and --speculative-num-draft-tokens go together",
     )
-    static.add_argument("--context-length", type=_positive, help="the model's context length (required)")
+    static.add_argument(
+        "--context-length",
+        type=_human_int,
+        help="the model's context length, e.g. 163840 or 160Ki (required)",
+    )
     static.add_argument("--speculative-num-draft-tokens", type=_positive, help="D (required)")
     static.add_argument("--speculative-num-steps", type=_positive, help="default: D - 1")
     static.add_argument("--speculative-eagle-topk", type=_positive, help="default: 1")
