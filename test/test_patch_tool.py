@@ -407,6 +407,33 @@ class TestOtherReleases(PatchToolTestCase):
         self.assertEqual((rc, out), (0, ""))
         self.assertEqual(snapshot(self.tmp), before)
 
+    def test_non_utf8_path_with_a_strict_stdout(self):
+        odd = Path(os.fsdecode(bytes(self.tmp) + b"-\xff"))
+        self.tmp.rename(odd)
+        self.addCleanup(lambda: odd.rename(self.tmp))
+        env = {**os.environ, "PYTHONIOENCODING": "ascii:strict"}
+        for command in ("apply", "check", "revert"):
+            with self.subTest(command=command):
+                proc = subprocess.run(
+                    [sys.executable, "-m", "sglang_dsa_fix", command, "--sglang-root", str(odd)],
+                    env=env,
+                    capture_output=True,
+                )
+                self.assertIn(proc.returncode, (0, 1), proc.stderr)
+                self.assertNotIn(b"Traceback", proc.stderr)
+                self.assertIn(b"\\udcff", proc.stdout)
+
+    def test_only_backups_left_after_pip_uninstall(self):
+        self.cli("apply")
+        for path in self.package.rglob("*"):
+            if path.is_file() and not path.name.endswith(".sglang-dsa-fix.orig"):
+                path.unlink()
+        for command in ("check", "revert", "apply"):
+            with self.subTest(command=command):
+                self.assertRefused(
+                    command, "sglang is not installed here any more; only 2 sglang-dsa-fix backup(s)"
+                )
+
     def test_inline_row_sizing_is_not_covered(self):
         # 0.5.11 / 0.5.12: the spec-v2 reservation exists, the sizing function does not.
         self.sizing.unlink()

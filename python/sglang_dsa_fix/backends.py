@@ -68,6 +68,7 @@ VERSION_FILES = ("_version.py", "version.py")
 PLUGIN_API_FILE = "srt/plugins/hook_registry.py"
 # Every file under ``sglang/`` the tool reads: enough to copy for a disposable test tree.
 FILES_READ = (
+    "__init__.py",  # an installed package (after `pip uninstall sglang` only backups remain)
     *VERSION_FILES,
     *(layout.relative_path for layout in LAYOUTS),
     *ROW_SIZING_FILES,

@@ -393,6 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    # Paths are bytes on Linux: a non-UTF-8 name must not crash the report after apply wrote.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         return _main(argv)
     except BrokenPipeError:  # `sglang-dsa-fix status | head`: the reader left, not an error

@@ -55,7 +55,25 @@ def find_tree(root: Optional[str]) -> SglangTree:
                 "sglang/srt/ for site-packages)"
             )
     package_parent = package_parent.resolve()
+    _refuse_leftovers(package_parent / "sglang")
     return SglangTree(package_parent, read_version(package_parent / "sglang"))
+
+
+def _refuse_leftovers(package: Path) -> None:
+    """After ``pip uninstall sglang`` pip leaves what it did not install: this tool's backups
+    (and bytecode). Say what is left and how to remove it, instead of judging a ghost tree."""
+    try:
+        if (package / "__init__.py").exists():
+            return
+        backups = sorted(package.rglob("*.sglang-dsa-fix.orig"))
+    except OSError as exc:
+        raise ToolError(f"{package}: cannot read ({exc.strerror})") from None
+    if backups:
+        raise ToolError(
+            f"{package}: sglang is not installed here any more; only {len(backups)} sglang-dsa-fix "
+            f"backup(s) remain (e.g. {backups[0]}): remove them with "
+            f"`find {package} -name '*.sglang-dsa-fix.orig' -delete`"
+        )
 
 
 def read_version(package: Path) -> Optional[str]:
