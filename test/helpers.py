@@ -34,7 +34,7 @@ def snapshot(root: Path) -> dict:
         st = p.lstat()
         digest = None
         if p.is_file() and os.access(p, os.R_OK):
-            # open(), not Path.read_bytes: tests inject read errors into the tool through the latter.
+            # open(), not safe_files: tests inject read errors into the tool through the latter.
             with open(p, "rb") as handle:
                 digest = hashlib.sha256(handle.read()).hexdigest()
         state[p.relative_to(root).as_posix()] = (digest, st.st_uid, st.st_gid, st.st_mode)

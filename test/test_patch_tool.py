@@ -311,17 +311,18 @@ class TestBadInput(PatchToolTestCase):
 
     def test_permission_denied_reading_is_one_line(self):
         # As root nothing is unreadable, so the OS error is injected where the tool reads.
-        from pathlib import Path as RealPath
         from unittest import mock
 
-        real_read = RealPath.read_bytes
+        from sglang_dsa_fix import safe_files
 
-        def read_bytes(path):
-            if path.name == self.backend.name:
-                raise PermissionError(13, "Permission denied", str(path))
-            return real_read(path)
+        real_read = safe_files.read_at
 
-        with mock.patch.object(RealPath, "read_bytes", read_bytes):
+        def read_at(loc):
+            if loc.name == self.backend.name:
+                raise PermissionError(13, "Permission denied", str(loc))
+            return real_read(loc)
+
+        with mock.patch.object(safe_files, "read_at", read_at):
             for command in ("check", "apply", "diff", "status"):
                 with self.subTest(command=command):
                     self.assertRefused(command, "cannot read (Permission denied)")

@@ -48,13 +48,13 @@ def _outcome_text(outcome) -> str:
 
 def run_apply(args) -> tuple[dict, str, int]:
     tree = trees.find_tree(args.sglang_root)
-    outcome = source_patch.apply(tree)
+    outcome = source_patch.apply(tree, args.allow_unsafe_dirs)
     return {"sglang_version": tree.version, **outcome.to_dict()}, _outcome_text(outcome), EXIT_PROTECTED
 
 
 def run_revert(args) -> tuple[dict, str, int]:
     tree = trees.find_tree(args.sglang_root)
-    outcome = source_patch.revert(tree)
+    outcome = source_patch.revert(tree, args.allow_unsafe_dirs)
     return {"sglang_version": tree.version, **outcome.to_dict()}, _outcome_text(outcome), EXIT_PROTECTED
 
 
@@ -321,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
         name: sub.add_parser(name, help=text, description=text, parents=[common])
         for name, (_, text) in COMMANDS.items()
     }
+    for name in ("apply", "revert"):
+        parsers[name].add_argument(
+            "--allow-unsafe-dirs",
+            action="store_true",
+            help="as root, write even where a directory on the way is writable by another user "
+            "(refused by default, as sudo and sshd do); never outside the sglang tree",
+        )
     status = parsers["status"]
     status.usage = (
         "%(prog)s [--sglang-root DIR] [--python PATH] [--gpu PROFILE] [--json] -- <launch_server args>\n"

@@ -24,11 +24,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import backends, width
+from sglang_dsa_fix import backends, safe_files, width
 from sglang_dsa_fix.tree import SglangTree, ToolError
 from sglang_dsa_fix.verdicts import Bug
 
@@ -88,8 +89,14 @@ class Site:
 
 
 def _byte_offset(lines: list[bytes], lineno: int, col: int) -> int:
-    # ast columns are UTF-8 byte offsets; lines split like the tokenizer (\n, \r\n, \r).
-    return sum(len(line) for line in lines[: lineno - 1]) + col
+    # ast columns are UTF-8 byte offsets into the source as Python decodes it (PEP 263: a coding
+    # cookie may say latin-1 etc.); lines split like the tokenizer (\n, \r\n, \r).
+    before = sum(len(line) for line in lines[: lineno - 1])
+    encoding = tokenize.detect_encoding(iter(lines[:2]).__next__)[0]
+    if col == 0 or encoding in ("utf-8", "utf-8-sig"):
+        return before + col
+    text = lines[lineno - 1].decode(encoding).encode("utf-8")[:col].decode("utf-8")
+    return before + len(text.encode(encoding))
 
 
 def _lines_above(lines: list[bytes], lineno: int, count: int) -> list[str]:
@@ -99,7 +106,7 @@ def _lines_above(lines: list[bytes], lineno: int, count: int) -> list[str]:
 
 def _read(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return safe_files.read(path)  # through one fd, checked to be the file looked up
     except OSError as exc:
         raise ToolError(f"{path}: cannot read ({exc.strerror})") from None
 

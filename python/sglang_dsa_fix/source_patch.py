@@ -5,6 +5,8 @@
 ``<file>.sglang-dsa-fix.orig`` so ``revert`` restores the original bytes exactly. Writes are
 atomic (temp file + rename) and keep owner, group, mode and extended attributes; a symlinked
 file is written through to its target. A multi-file apply either changes every file or none.
+Files are read and written through directory fds (``safe_files``): each path is resolved once,
+and as root a place another user could redirect is refused (``--allow-unsafe-dirs``).
 Commands on one tree are serialised with an flock on the ``sglang`` package directory.
 Anything unexpected raises ``ToolError`` before a byte is written.
 """
@@ -16,14 +18,12 @@ import difflib
 import fcntl
 import importlib.util
 import os
-import stat
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import sites
+from sglang_dsa_fix import safe_files, sites
 from sglang_dsa_fix.sites import Site
 from sglang_dsa_fix.tree import SglangTree, ToolError
 from sglang_dsa_fix.verdicts import Bug, Verdict
@@ -73,6 +73,13 @@ def backup_path(path: Path) -> Path:
     return real.with_name(real.name + BACKUP_SUFFIX)
 
 
+def read_backup(path: Path) -> Optional[bytes]:
+    """The backup beside the file ``path`` leads to, or None. Read through one fd: a symlink
+    planted under the backup's name is an error, not followed."""
+    loc = safe_files.locate(path)
+    return safe_files.read_existing(loc.sibling(loc.name + BACKUP_SUFFIX))
+
+
 # ------------------------------------------------------------------------------ bytecode
 
 
@@ -94,7 +101,8 @@ def stale_bytecode(path: Path, source: bytes) -> list:
     expected = importlib.util.source_hash(source)
     for pyc in bytecode_files(path):
         try:
-            with open(pyc, "rb") as handle:
+            # O_NONBLOCK: a FIFO planted as a .pyc must not hang the tool.
+            with open(os.open(pyc, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
                 header = handle.read(16)
         except OSError:
             continue
@@ -125,7 +133,7 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
         return BugState(bug, Verdict.NOT_APPLICABLE, detail=what)
     if site.patched_here:
         backup = backup_path(site.path)
-        original = backup.read_bytes() if backup.is_file() else None
+        original = read_backup(site.path)
         if original is not None:
             original_site = sites.site_in(site, tree, original)
             matches = original_site is not None and (
@@ -152,7 +160,7 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
     if site.unknown:
         return BugState(bug, Verdict.NOT_COVERED, site, detail=site.unknown)
     backup = backup_path(site.path)
-    if backup.is_file() and backup.read_bytes() != site.data:
+    if read_backup(site.path) not in (None, site.data):
         # (A backup equal to the file is what an interrupted apply leaves: apply rewrites it.)
         raise ToolError(
             f"{site.path}: {backup.name} exists but the file neither carries the fix nor "
@@ -170,157 +178,171 @@ def inspect(tree: SglangTree) -> list:
         raise ToolError(f"{exc.filename or tree.package}: cannot read ({exc.strerror})") from None
 
 
-def check(tree: SglangTree) -> list:
-    """``inspect`` under the shared lock (never sees a half-finished apply of another run)."""
+def check(tree: SglangTree, wait: bool = True) -> list:
+    """``inspect`` under the shared lock (never sees a half-finished apply of another run).
+
+    ``wait=False`` (the plugin, inside sglang's start-up): never wait on another run's lock; read
+    without it. Each file is then seen before or after a write (writes are atomic renames; a
+    backup equal to its file reads as "affected"), only a multi-file apply may be seen between files.
+    """
+    if not wait:
+        return inspect(tree)
     with locked(tree, exclusive=False):
         return inspect(tree)
 
 
 # ------------------------------------------------------------------------------ writing
+# Every file written is located once (safe_files: a name in an open directory, symlinks resolved
+# by hand) and then read, replaced and removed only through that directory's fd.
 
 
 @contextlib.contextmanager
 def locked(tree: SglangTree, exclusive: bool):
-    """flock on the ``sglang`` directory itself: serialises runs, creates no file."""
+    """flock on the ``sglang`` directory itself: serialises runs, creates no file. Yields that
+    directory, open (what ``safe_files.check_place`` calls inside the tree)."""
     try:
-        fd = os.open(tree.package, os.O_RDONLY | os.O_DIRECTORY)
+        package = safe_files.open_dir(tree.package)
     except OSError as exc:
         raise ToolError(f"{tree.package}: cannot open ({exc.strerror})") from None
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    while True:
+        try:
+            fcntl.flock(package.fd, mode)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise ToolError(
+                    f"{tree.package}: another sglang-dsa-fix run holds the lock; try again"
+                ) from None
+            time.sleep(0.05)
     try:
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
-        mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
-        while True:
-            try:
-                fcntl.flock(fd, mode)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ToolError(
-                        f"{tree.package}: another sglang-dsa-fix run holds the lock; try again"
-                    ) from None
-                time.sleep(0.05)
-        yield
+        yield package
     finally:
-        os.close(fd)
+        fcntl.flock(package.fd, fcntl.LOCK_UN)  # the fd itself closes with its last reference
 
 
-def _metadata(path: Path) -> dict:
-    st = os.stat(path)
-    xattrs = {}
-    for name in os.listxattr(path) if hasattr(os, "listxattr") else ():
-        with contextlib.suppress(OSError):
-            xattrs[name] = os.getxattr(path, name)
-    return {"uid": st.st_uid, "gid": st.st_gid, "mode": stat.S_IMODE(st.st_mode), "xattrs": xattrs}
-
-
-def _ensure_writable(path: Path) -> None:
-    real = Path(os.path.realpath(path))
-    for target in (real, real.parent):
-        st = target.stat()
-        # Checked on mode bits too: as root, os.access says yes to a chmod a-w file.
-        if not os.access(target, os.W_OK) or not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-            raise ToolError(f"{target}: read-only; nothing changed")
-    st = real.stat()
-    if os.geteuid() != 0 and st.st_uid != os.geteuid():
-        raise ToolError(
-            f"{real}: owned by uid {st.st_uid}; rewriting it as uid {os.geteuid()} would change "
-            "its owner: run as that user or as root; nothing changed"
-        )
-
-
-def _write(path: Path, data: bytes, metadata: dict) -> None:
-    """Atomically replace ``path``'s target with ``data`` and the given owner/mode/xattrs."""
-    real = Path(os.path.realpath(path))
-    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
+@contextlib.contextmanager
+def _reading(fallback):
+    """An OS error while planning the writes: one line, before anything is written."""
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if os.geteuid() == 0:
-            os.chown(tmp, metadata["uid"], metadata["gid"])
-        os.chmod(tmp, metadata["mode"])
-        for name, value in metadata["xattrs"].items():
-            try:
-                os.setxattr(tmp, name, value)
-            except OSError:
-                if name.startswith("user."):
-                    raise
-        os.replace(tmp, real)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        yield
+    except OSError as exc:
+        raise ToolError(
+            f"{exc.filename or fallback}: cannot read ({exc.strerror}); nothing changed"
+        ) from None
 
 
-def _remove_stale_temps(paths) -> list:
+def _locate_for_rewrite(path: Path, expected: bytes, package, allow_unsafe_dirs: bool) -> tuple:
+    """(File, metadata) of the file ``path`` leads to: located once, a place root may write,
+    writable, and still holding ``expected`` (what inspect judged)."""
+    loc = safe_files.locate(path)
+    safe_files.check_place(path, loc, package, allow_unsafe_dirs)
+    data, metadata = safe_files.read_at(loc)
+    problem = safe_files.writable_error(loc)
+    if problem:
+        raise ToolError(problem)
+    if data != expected:
+        raise ToolError(f"{path}: changed while sglang-dsa-fix ran; nothing changed")
+    return loc, metadata
+
+
+def _bytecode_beside(loc, path: Path) -> list:
+    """``path``'s .pyc files in the ``__pycache__`` beside the file it leads to (not through a symlink)."""
+    cache = safe_files.subdir(loc.dir, "__pycache__")
+    return [] if cache is None else safe_files.matching(cache, f"{path.stem}.*.pyc")
+
+
+def _write(loc, data: bytes, metadata: dict) -> None:
+    """Atomically replace the file at ``loc`` with ``data`` and the given owner/mode/xattrs."""
+    safe_files.replace(loc, data, metadata)
+
+
+def _remove_stale_temps(locs) -> list:
     """Temp files an interrupted run (SIGKILL) left beside the files we write."""
     removed = []
-    for path in paths:
-        real = Path(os.path.realpath(path))
-        for tmp in real.parent.glob(f".{real.name}.*.tmp"):
+    for loc in locs:
+        for tmp in safe_files.temps(loc):
             with contextlib.suppress(OSError):
-                tmp.unlink()
-                removed.append(tmp)
+                if safe_files.unlink(tmp):
+                    removed.append(tmp.path)
     return removed
 
 
-def _remove(paths) -> list:
+def _remove(files, action: str) -> list:
+    """Remove backups and bytecode once the files are written. A failure names the file and says
+    that the action itself is done (exit 2 all the same: something is left to clean up)."""
     removed = []
-    for path in paths:
+    for loc in files:
         try:
-            path.unlink()
-            removed.append(path)
-        except FileNotFoundError:
-            pass
+            if safe_files.unlink(loc):
+                removed.append(loc.path)
+        except OSError as exc:
+            raise ToolError(
+                f"{loc.path}: cannot remove ({exc.strerror}); the {action} itself succeeded: remove "
+                "that file by hand"
+            ) from None
     return removed
 
 
 def _transaction(writes) -> None:
-    """``writes``: (path, new bytes, metadata). All or nothing: on failure undo what was written."""
+    """``writes``: (File, new bytes, metadata). All or nothing: on failure undo what was written."""
     done = []
-    try:
-        for path, new, metadata in writes:
-            old = Path(os.path.realpath(path)).read_bytes() if Path(path).exists() else None
-            _write(path, new, metadata)
-            done.append((path, old, metadata))
-    except OSError as exc:
-        for path, old, metadata in reversed(done):
-            with contextlib.suppress(OSError):
-                if old is None:
-                    Path(path).unlink()
-                else:
-                    _write(path, old, metadata)
-        raise ToolError(f"{exc.filename or path}: cannot write ({exc.strerror}); nothing changed") from None
+    for loc, new, metadata in writes:
+        try:
+            old = safe_files.read_existing(loc)
+            _write(loc, new, metadata)
+        except OSError as exc:
+            # Own names in this loop: the error is about ``loc``, the file that failed.
+            for undo_loc, undo_old, undo_metadata in reversed(done):
+                with contextlib.suppress(OSError):
+                    if undo_old is None:
+                        safe_files.unlink(undo_loc)
+                    else:
+                        _write(undo_loc, undo_old, undo_metadata)
+            raise ToolError(f"{loc}: cannot write ({exc.strerror or exc}); nothing changed") from None
+        done.append((loc, old, metadata))
 
 
-def apply(tree: SglangTree) -> Outcome:
+def apply(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
     """Fix every affected bug in the tree; remove stale bytecode of the files it fixed."""
-    with locked(tree, exclusive=True):
+    with locked(tree, exclusive=True) as package:
         states = inspect(tree)
         todo = [s for s in states if s.verdict is Verdict.AFFECTED]
         stale = [s for s in states if s.verdict is Verdict.STALE_BYTECODE]
-        writes = []
-        for state in todo:
-            path = state.site.path
-            _ensure_writable(path)
-            new = state.site.patched_bytes()
-            compile(new, str(path), "exec")  # never write a file that does not parse
-            metadata = _metadata(path)
-            # Backup first: a crash between the two leaves a pristine file and a spare backup.
-            writes += [(backup_path(path), state.site.data, metadata), (path, new, metadata)]
-        for state in stale:
-            _ensure_writable(state.stale_bytecode[0])
-        temps = _remove_stale_temps([s.site.path for s in states if s.site is not None])
+        writes, pycs = [], []
+        with _reading(tree.package):
+            for state in todo:
+                path = state.site.path
+                loc, metadata = _locate_for_rewrite(path, state.site.data, package, allow_unsafe_dirs)
+                new = state.site.patched_bytes()
+                try:
+                    compile(new, str(path), "exec")  # never write a file that does not parse
+                except (SyntaxError, ValueError) as exc:
+                    raise ToolError(
+                        f"{path}: not recognised: patched, it would not parse ({exc}); nothing changed"
+                    ) from None
+                # Backup first: a crash between the two leaves a pristine file and a spare backup.
+                backup = loc.sibling(loc.name + BACKUP_SUFFIX)
+                writes += [(backup, state.site.data, metadata), (loc, new, metadata)]
+                pycs += _bytecode_beside(loc, path)
+            for state in stale:
+                loc = safe_files.locate(state.site.path)
+                safe_files.check_place(state.site.path, loc, package, allow_unsafe_dirs)
+                for pyc in _bytecode_beside(loc, state.site.path):
+                    problem = safe_files.writable_error(pyc)
+                    if problem:
+                        raise ToolError(problem)
+                    pycs.append(pyc)
+            temps = _remove_stale_temps([loc for loc, _, _ in writes[1::2]])
         _transaction(writes)
-        changed = [state.site.path for state in todo]
-        removed = temps + _remove([pyc for s in todo + stale for pyc in bytecode_files(s.site.path)])
-        return Outcome("apply", changed, removed, inspect(tree))
+        removed = temps + _remove(pycs, "apply")
+        return Outcome("apply", [state.site.path for state in todo], removed, inspect(tree))
 
 
-def revert(tree: SglangTree) -> Outcome:
+def revert(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
     """Restore the original bytes of every file this tool changed."""
-    with locked(tree, exclusive=True):
+    with locked(tree, exclusive=True) as package:
         states = inspect(tree)
         ours = [s for s in states if s.verdict in (Verdict.FIXED_IN_TREE, Verdict.STALE_BYTECODE)]
         missing = [s for s in ours if s.original is None]
@@ -330,16 +352,20 @@ def revert(tree: SglangTree) -> Outcome:
                 "(applied with `git apply`?): restore it with `git checkout` or by reinstalling "
                 "sglang; nothing changed"
             )
-        writes = []
-        for state in ours:
-            _ensure_writable(state.site.path)
-            writes.append((state.site.path, state.original, _metadata(state.site.path)))
-        temps = _remove_stale_temps([s.site.path for s in states if s.site is not None])
+        writes, backups, pycs = [], [], []
+        with _reading(tree.package):
+            for state in ours:
+                path = state.site.path
+                loc, metadata = _locate_for_rewrite(path, state.site.data, package, allow_unsafe_dirs)
+                backup = loc.sibling(loc.name + BACKUP_SUFFIX)
+                if safe_files.read_existing(backup) != state.original:
+                    raise ToolError(f"{backup.path}: changed while sglang-dsa-fix ran; nothing changed")
+                writes.append((loc, state.original, metadata))
+                backups.append(backup)
+                pycs += _bytecode_beside(loc, path)
+            temps = _remove_stale_temps([loc for loc, _, _ in writes])
         _transaction(writes)
-        removed = temps + _remove(
-            [backup_path(s.site.path) for s in ours]
-            + [pyc for s in ours for pyc in bytecode_files(s.site.path)]
-        )
+        removed = temps + _remove(backups + pycs, "revert")
         return Outcome("revert", [s.site.path for s in ours], removed, inspect(tree))
 
 

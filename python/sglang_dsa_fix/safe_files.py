@@ -1,0 +1,325 @@
+"""Read and write the files of an sglang tree through directory file descriptors.
+
+Why: ``apply`` / ``revert`` may run as root on a tree another user can write to (a shared venv,
+a group-writable checkout). A path looked up again at every step (realpath, read, a temp file in
+the parent, rename) lets that user flip a symlink between two steps so that root's write lands on
+a file of their choosing. Here a path is resolved once, one component at a time from ``/`` with
+O_NOFOLLOW (symlinks are followed by hand, so every directory that decided where the path leads is
+known and open); after that, reading, the temp file, the rename and unlinking all happen relative
+to the directory fd it led to, and a file read is checked to be the inode that was looked up.
+Nothing is ever written in place: a new file (O_CREAT|O_EXCL|O_NOFOLLOW) is renamed over the name.
+
+As root, ``check_place`` refuses, like sudo and sshd, a write whose place a user other than root
+or the tree's owner could have chosen (``--allow-unsafe-dirs`` accepts it inside the tree), and
+never writes outside the sglang package through such a place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fnmatch
+import os
+import secrets
+import stat
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from sglang_dsa_fix.tree import ToolError
+
+MAX_SYMLINKS = 40  # the kernel's limit before ELOOP
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted under a file's name must not hang the tool (it is refused below).
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class Dir:
+    """An open directory: its fd, the path it was reached by (no symlink in it) and its fstat."""
+
+    def __init__(self, fd: int, path: str):
+        self.fd = fd
+        self.path = path
+        self.st = os.fstat(fd)
+        weakref.finalize(self, os.close, fd)  # closed with the last reference
+
+
+@dataclass
+class File:
+    """A name in an open directory; ``st`` is its lstat when looked up (None: nothing there)."""
+
+    dir: Dir
+    name: str
+    st: Optional[os.stat_result]
+    via: tuple  # every Dir whose entries decided where the path led (for check_place)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir.path) / self.name
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def sibling(self, name: str) -> File:
+        """Another name in the same directory (a backup beside the file)."""
+        return File(self.dir, name, _lstat(self.dir, name), self.via)
+
+
+def _lstat(directory: Dir, name: str) -> Optional[os.stat_result]:
+    try:
+        return os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _parts(path: str) -> list:
+    return [p for p in path.split("/") if p not in ("", ".")][::-1]  # reversed: pop() is next
+
+
+def _walk(path, want_dir: bool):
+    """Resolve ``path`` as the kernel would, but by hand: (final Dir, via) or a File."""
+    path = os.fspath(path)
+    if not path.startswith("/"):
+        path = os.path.join(os.getcwd(), path)
+    root = Dir(os.open("/", _DIR_FLAGS), "/")
+    stack, via, todo, links = [root], [root], _parts(path), 0
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            if len(stack) > 1:
+                stack.pop()
+            continue
+        here = stack[-1]
+        st = _lstat(here, part)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+            target = os.readlink(part, dir_fd=here.fd)
+            if target.startswith("/"):
+                del stack[1:]
+            todo += _parts(target)
+            continue
+        if not todo and not want_dir:
+            return File(here, part, st, tuple(via))
+        if st is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        # O_NOFOLLOW: swapped for a symlink since the lstat above -> ELOOP/ENOTDIR, not followed.
+        sub = Dir(os.open(part, _DIR_FLAGS, dir_fd=here.fd), os.path.join(here.path, part))
+        stack.append(sub)
+        via.append(sub)
+    return stack[-1], tuple(via)
+
+
+def locate(path) -> File:
+    """Where ``path`` leads now (symlinks followed once): a name in an open directory."""
+    return _walk(path, want_dir=False)
+
+
+def open_dir(path) -> Dir:
+    return _walk(path, want_dir=True)[0]
+
+
+def subdir(directory: Dir, name: str) -> Optional[Dir]:
+    """``name`` inside ``directory`` when it is a real directory (a symlink is not followed)."""
+    try:
+        return Dir(os.open(name, _DIR_FLAGS, dir_fd=directory.fd), os.path.join(directory.path, name))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
+
+
+def matching(directory: Dir, pattern: str) -> list:
+    """Files (not directories) in ``directory`` whose name matches a glob ``pattern``."""
+    found = []
+    for name in sorted(os.listdir(directory.fd)):
+        if fnmatch.fnmatchcase(name, pattern):
+            st = _lstat(directory, name)
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                found.append(File(directory, name, st, (directory,)))
+    return found
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def read_at(loc: File) -> tuple:
+    """(bytes, metadata) of the regular file at ``loc``, read through one fd that is checked to
+    be the inode looked up (a file swapped in between is refused, not read)."""
+    fd = os.open(loc.name, _READ_FLAGS, dir_fd=loc.dir.fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(loc))
+        if loc.st is None or (st.st_dev, st.st_ino) != (loc.st.st_dev, loc.st.st_ino):
+            raise _replaced(loc)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read()
+        xattrs, names = {}, []
+        with contextlib.suppress(OSError):  # a filesystem without xattrs
+            names = os.listxattr(fd)
+        for name in names:
+            with contextlib.suppress(OSError):
+                xattrs[name] = os.getxattr(fd, name)
+        metadata = {"uid": st.st_uid, "gid": st.st_gid, "mode": stat.S_IMODE(st.st_mode), "xattrs": xattrs}
+        return data, metadata
+    finally:
+        os.close(fd)
+
+
+def read(path) -> bytes:
+    return read_at(locate(path))[0]
+
+
+def read_existing(loc: File) -> Optional[bytes]:
+    """The bytes at ``loc`` now, or None when nothing is there."""
+    return None if loc.st is None else read_at(loc)[0]
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+def _replaced(loc: File) -> OSError:
+    # An OSError like any other I/O failure: callers say "cannot read / write / remove (...)".
+    return OSError(errno.ESTALE, "replaced by another file while sglang-dsa-fix ran", str(loc))
+
+
+def _ident(st: Optional[os.stat_result]):
+    return None if st is None else (st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode))
+
+
+def _expect(loc: File) -> None:
+    """The name still holds the inode looked up (or still nothing): checked before each change."""
+    if _ident(_lstat(loc.dir, loc.name)) != _ident(loc.st):
+        raise _replaced(loc)
+
+
+def replace(loc: File, data: bytes, metadata: dict) -> None:
+    """Atomically put ``data`` with the given owner, group, mode and xattrs at ``loc``'s name."""
+    directory = loc.dir.fd
+    for _ in range(100):
+        tmp = f".{loc.name}.{secrets.token_hex(4)}.tmp"  # the pattern temps() finds
+        try:
+            fd = os.open(
+                tmp,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=directory,
+            )
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no free temporary file name", str(loc))
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+            if os.geteuid() == 0:
+                os.fchown(fd, metadata["uid"], metadata["gid"])
+            os.fchmod(fd, metadata["mode"])  # after chown, which clears set-id bits
+            for name, value in metadata["xattrs"].items():
+                try:
+                    os.setxattr(fd, name, value)
+                except OSError:
+                    if name.startswith("user."):  # security.* etc. may be refused; user.* must not
+                        raise
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        _expect(loc)
+        os.replace(tmp, loc.name, src_dir_fd=directory, dst_dir_fd=directory)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=directory)
+        raise
+    loc.st = st
+    with contextlib.suppress(OSError):
+        os.fsync(directory)
+
+
+def unlink(loc: File) -> bool:
+    """Remove the name (never what a symlink there points to). False when it was already gone."""
+    if loc.st is None:
+        return False
+    _expect(loc)
+    try:
+        os.unlink(loc.name, dir_fd=loc.dir.fd)
+    except FileNotFoundError:
+        return False
+    loc.st = None
+    return True
+
+
+def temps(loc: File) -> list:
+    """Temp files an interrupted run (SIGKILL) left beside ``loc``."""
+    return matching(loc.dir, f".{loc.name}.*.tmp")
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def writable_error(loc: File) -> Optional[str]:
+    """Why the tool cannot rewrite ``loc`` (read-only file or directory, other owner), or None."""
+    for path, st, name, directory in (
+        (loc.path, loc.st, loc.name, loc.dir),
+        (Path(loc.dir.path), loc.dir.st, ".", loc.dir),
+    ):
+        # Checked on mode bits too: as root, os.access says yes to a chmod a-w file.
+        if not os.access(name, os.W_OK, dir_fd=directory.fd) or not st.st_mode & (
+            stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+        ):
+            return f"{path}: read-only; nothing changed"
+    if os.geteuid() != 0 and loc.st.st_uid != os.geteuid():
+        return (
+            f"{loc.path}: owned by uid {loc.st.st_uid}; rewriting it as uid {os.geteuid()} would "
+            "change its owner: run as that user or as root; nothing changed"
+        )
+    return None
+
+
+def _unsafe(directory: Dir, owners: set) -> Optional[str]:
+    st = directory.st
+    if st.st_uid not in owners:
+        return f"{directory.path} is owned by uid {st.st_uid}"
+    # Group/other-writable is only safe as /tmp is: sticky (others cannot rename our entries)
+    # and owned by root.
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (st.st_mode & stat.S_ISVTX and st.st_uid == 0):
+        who = "others" if st.st_mode & stat.S_IWOTH else f"group {st.st_gid}"
+        return f"{directory.path} is writable by {who}"
+    return None
+
+
+def check_place(shown, loc: File, package: Dir, allow_unsafe_dirs: bool) -> None:
+    """As root: refuse to write at ``loc`` when another user could have chosen it.
+
+    ``loc.via`` is every directory whose entries led ``shown`` (the path in the tree) to ``loc``,
+    from ``/`` down, symlinks' directories included. Each must be owned by root or the tree's
+    owner and writable by no one else; ``allow_unsafe_dirs`` accepts that only inside the sglang
+    package (``package``): a place outside it reached through such a directory is refused anyway.
+    """
+    if os.geteuid() != 0:
+        return  # an unprivileged run can only write where its user can anyway
+    owners = {0, package.st.st_uid}
+    unsafe = next((why for d in loc.via if (why := _unsafe(d, owners))), None)
+    inside = loc.dir.path == package.path or loc.dir.path.startswith(package.path.rstrip("/") + "/")
+    if not inside:
+        if unsafe is None and loc.st is not None and loc.st.st_uid not in owners:
+            unsafe = f"{loc.path} is owned by uid {loc.st.st_uid}"
+        if unsafe:
+            raise ToolError(
+                f"{shown}: leads to {loc.path}, outside the sglang tree, and {unsafe}: another user "
+                "could have chosen it; not writing there as root, even with --allow-unsafe-dirs; "
+                "nothing changed"
+            )
+    elif unsafe and not allow_unsafe_dirs:
+        raise ToolError(
+            f"{shown}: {unsafe}, so another user could redirect a write made as root; refusing "
+            "(pass --allow-unsafe-dirs to accept it); nothing changed"
+        )

@@ -1,0 +1,181 @@
+"""apply / revert run as root on a tree another user can write to.
+
+The attack: ``dsa_backend.py`` is a symlink in a directory an unprivileged user owns; that user
+flips it between a good copy in the tree and a root-only file elsewhere (root 0600 in a root 0700
+directory, here a valid copy of the backend, so that only the tool's own checks protect it). The
+tool must never change that file, with or without ``--allow-unsafe-dirs``.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+from pathlib import Path
+from unittest import mock
+
+from helpers import PatchToolTestCase, snapshot
+
+from sglang_dsa_fix import safe_files
+
+NOBODY = 65534
+ROUNDS = 50
+ATTACKER = """
+import os, sys, time
+link, targets = sys.argv[1], sys.argv[2:]
+flip = link + ".flip"
+i = 0
+while True:
+    try:
+        os.unlink(flip)
+    except FileNotFoundError:
+        pass
+    os.symlink(targets[i % 2], flip)
+    os.rename(flip, link)  # atomic: the link always exists, pointing at one or the other
+    i += 1
+    time.sleep(0.0005)
+"""
+
+
+def _as_nobody():
+    """argv prefix that runs a command as uid/gid 65534 without groups, or None."""
+    if shutil.which("setpriv"):
+        return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    if shutil.which("runuser"):
+        return ["runuser", "-u", "nobody", "--"]
+    return None
+
+
+def _skip_reason():
+    if os.geteuid() != 0:
+        return "needs root (the attack is on a run as root)"
+    prefix = _as_nobody()
+    if prefix is None:
+        return "needs setpriv or runuser to run the attacker as nobody"
+    python = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
+    if python is None or subprocess.run([*prefix, python, "-c", "pass"], capture_output=True).returncode:
+        return "no Python interpreter that nobody may run"
+    return None
+
+
+SKIP = _skip_reason()
+
+
+@unittest.skipIf(SKIP, SKIP)
+class RootTestCase(PatchToolTestCase):
+    def setUp(self):
+        super().setUp()
+        self.tmp.chmod(0o755)  # mkdtemp's 0700: let nobody reach the tree
+        self.attention = self.backend.parent
+        # A file outside the tree that only root may touch, holding a valid backend.
+        self.victim_dir = Path(tempfile.mkdtemp(prefix="dsa-fix-victim-"))
+        self.addCleanup(shutil.rmtree, self.victim_dir)
+        self.victim = self.victim_dir / "dsa_backend.py"
+        self.victim.write_bytes(self.original)
+        self.victim.chmod(0o600)
+        self.victim_before = snapshot(self.victim_dir)
+
+    def assertVictimUntouched(self):
+        st = self.victim.stat()
+        self.assertEqual((st.st_uid, st.st_gid, st.st_mode & 0o7777), (0, 0, 0o600))
+        self.assertEqual(self.victim.read_bytes(), self.original)
+        self.assertEqual(snapshot(self.victim_dir), self.victim_before)  # no backup, no temp there
+
+
+class TestSymlinkFlipRace(RootTestCase):
+    def test_flipping_symlink_never_redirects_a_write(self):
+        good = self.attention / "dsa_backend_good.py"
+        self.backend.rename(good)
+        self.backend.symlink_to(good)
+        os.chown(self.attention, NOBODY, NOBODY)  # the attacker's directory, inside the tree
+        outside = {p: sorted(os.listdir(p)) for p in (self.tmp, self.tmp / "python")}
+        python = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
+        attacker = subprocess.Popen(
+            [*_as_nobody(), python, "-I", "-c", ATTACKER, str(self.backend), str(good), str(self.victim)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self.addCleanup(attacker.wait)
+        self.addCleanup(attacker.kill)
+        deadline = time.monotonic() + 10
+        while os.readlink(self.backend) != str(self.victim):  # the attacker is flipping
+            if attacker.poll() is not None:
+                self.fail(f"the attacker failed: {attacker.stderr.read()}")
+            self.assertLess(time.monotonic(), deadline, "the attacker never flipped the link")
+            time.sleep(0.01)
+
+        results = {}
+        for flag in ((), ("--allow-unsafe-dirs",)):
+            results[flag] = []
+            for _ in range(ROUNDS):
+                for command in ("apply", "revert"):
+                    rc, out, err = self.cli(command, *flag)
+                    self.assertIn(rc, (0, 2), err)
+                    if rc == 2:
+                        self.assertEqual(len(err.strip().splitlines()), 1, err)
+                        self.assertNotIn("Traceback", err)
+                    results[flag].append((command, rc, err))
+        self.assertIsNone(attacker.poll(), "the attacker stopped early")
+        attacker.kill()
+
+        self.assertVictimUntouched()
+        self.assertEqual({p: sorted(os.listdir(p)) for p in outside}, outside)
+        # Without the flag every apply is refused (the link's directory belongs to nobody) ...
+        plain = results[()]
+        self.assertTrue(all(rc == 2 for command, rc, _ in plain if command == "apply"), plain[:4])
+        self.assertTrue(any("--allow-unsafe-dirs" in err for _, _, err in plain), plain[:4])
+        # ... with it, the good copy inside the tree is patched whenever the link pointed there.
+        flagged = results[("--allow-unsafe-dirs",)]
+        self.assertTrue(any(rc == 0 and c == "apply" for c, rc, _ in flagged))
+        self.assertTrue(any("outside the sglang tree" in err for _, _, err in flagged))
+
+
+class TestUnsafeDirectories(RootTestCase):
+    def test_symlink_to_a_root_file_outside_the_tree_is_refused_even_with_the_flag(self):
+        self.backend.unlink()
+        self.backend.symlink_to(self.victim)
+        os.chown(self.attention, NOBODY, NOBODY)
+        self.assertRefused("apply", "--allow-unsafe-dirs")
+        self.assertRefused("apply", "outside the sglang tree", None, "--allow-unsafe-dirs")
+        self.assertVictimUntouched()
+
+    def test_group_writable_directory_needs_the_flag(self):
+        self.sizing.parent.chmod(0o775)
+        self.assertRefused("apply", f"{self.sizing.parent} is writable by group")
+        self.assertEqual(self.cli("apply", "--allow-unsafe-dirs")[0], 0)
+        self.assertRefused("revert", "pass --allow-unsafe-dirs")
+        self.assertEqual(self.cli("revert", "--allow-unsafe-dirs")[0], 0)
+        self.assertEqual(self.sizing.read_bytes(), self.original_sizing)
+
+    def test_directory_of_another_user_needs_the_flag(self):
+        os.chown(self.attention, NOBODY, NOBODY)
+        self.assertRefused("apply", f"{self.attention} is owned by uid {NOBODY}")
+        self.assertEqual(self.cli("apply", "--allow-unsafe-dirs")[0], 0)
+        self.assertEqual(self.cli("revert", "--allow-unsafe-dirs")[0], 0)
+        self.assertEqual(self.backend.read_bytes(), self.original)
+
+    def test_sticky_root_directory_is_safe(self):
+        self.tmp.chmod(0o1777)  # as /tmp
+        self.assertEqual(self.cli("apply")[0], 0)
+        self.assertEqual(self.cli("revert")[0], 0)
+
+    def test_file_swapped_between_lookup_and_read_is_refused(self):
+        real_check = safe_files.check_place
+
+        def swap_then_check(shown, loc, *args):
+            if loc.name == self.backend.name:  # the attacker wins the race here
+                self.backend.rename(self.attention / "moved.py")
+                self.backend.write_bytes(self.original)
+            return real_check(shown, loc, *args)
+
+        with mock.patch.object(safe_files, "check_place", swap_then_check):
+            rc, out, err = self.cli("apply")
+        self.assertEqual(rc, 2, out)
+        self.assertIn("replaced by another file", err)
+        self.assertEqual(self.sizing.read_bytes(), self.original_sizing)  # all or nothing
+        self.assertEqual(self.backend.read_bytes(), self.original)
+
+
+if __name__ == "__main__":
+    unittest.main()

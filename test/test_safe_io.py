@@ -1,0 +1,151 @@
+"""The patch tool's I/O: source encodings, the plugin and the tree lock, errors that name their
+file, and files planted where the tool writes (any user)."""
+
+import errno
+import fcntl
+import os
+import time
+from unittest import mock
+
+from helpers import PAGE_TABLE_SITE, PatchToolTestCase
+
+from sglang_dsa_fix import plugin, safe_files, source_patch, tree
+from sglang_dsa_fix.verdicts import Bug, Verdict
+
+COOKIE = b"# -*- coding: latin-1 -*-\n"
+
+
+class TestSourceEncoding(PatchToolTestCase):
+    def test_latin1_byte_before_the_width_on_its_line(self):
+        # The non-ASCII byte sits on the width's own line, before it: ast's columns count it as
+        # two bytes (UTF-8), the file as one (latin-1).
+        found = PAGE_TABLE_SITE.found.encode()
+        data = self.original
+        at = data.index(found)
+        line_start = data.rindex(b"\n", 0, at) + 1
+        self.assertEqual(data[line_start:at].strip(), b"", "the width has a line of its own")
+        joined = data[: line_start - 2] + b' if "caf\xe9" else 0, ' + data[at:]  # onto the line above
+        self.assertEqual(data[line_start - 2 : line_start - 1], b",")
+        self.backend.write_bytes(COOKIE + joined)
+        compile(self.backend.read_bytes(), "x", "exec")
+
+        rc, out, err = self.cli("check")
+        self.assertEqual(rc, 1, err)
+        self.assertIn(f"`{PAGE_TABLE_SITE.found}`", out)
+        rc, diff, err = self.cli("diff")
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f' if "caf\udce9" else 0, {PAGE_TABLE_SITE.found},\n+', diff)
+        self.assertIn(' if "caf\udce9" else 0, self.req_to_token.shape[1],\n ', diff)
+        rc, out, err = self.cli("apply")
+        self.assertEqual(rc, 0, err)
+        patched = self.backend.read_bytes()
+        compile(patched, "x", "exec")
+        self.assertIn(b' if "caf\xe9" else 0, self.req_to_token.shape[1],', patched)
+        self.assertEqual(self.cli("check")[0], 0)
+        self.assertEqual(self.cli("revert")[0], 0)
+        self.assertEqual(self.backend.read_bytes(), COOKIE + joined)
+
+    def test_unknown_coding_cookie_is_one_line(self):
+        self.backend.write_bytes(b"# -*- coding: no-such-codec -*-\n" + self.original)
+        for command in ("check", "apply", "diff"):
+            with self.subTest(command=command):
+                self.assertRefused(command, "not recognised")
+
+
+class TestPluginDoesNotWait(PatchToolTestCase):
+    def test_decide_while_another_run_holds_the_lock(self):
+        copy = tree.find_tree(str(self.tmp))
+        with mock.patch.object(tree, "find_tree", return_value=copy):
+            unlocked = [(bug, state, target) for bug, state, target, _ in plugin.decide()]
+            fd = os.open(self.package, os.O_RDONLY | os.O_DIRECTORY)
+            self.addCleanup(os.close, fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # an apply in progress
+            start = time.monotonic()
+            plans = plugin.decide()
+            self.assertLess(time.monotonic() - start, 1.0)
+        self.assertEqual([(bug, state, target) for bug, state, target, _ in plans], unlocked)
+        self.assertEqual([state for _, state, _, _ in plans], ["hooked", "hooked"])  # affected
+        verdicts = [s.verdict for s in source_patch.check(copy, wait=False)]
+        self.assertEqual(verdicts, [Verdict.AFFECTED, Verdict.AFFECTED])
+        # A run that must write still waits for the lock (here: briefly, then one line).
+        with mock.patch.object(source_patch, "LOCK_TIMEOUT_S", 0.2):
+            self.assertRefused("apply", "another sglang-dsa-fix run holds the lock")
+
+
+class TestErrorsNameTheirFile(PatchToolTestCase):
+    def fail_write(self, failing_call):
+        real_write = source_patch._write
+        calls = []
+
+        def write(loc, data, metadata):
+            calls.append(loc)
+            if len(calls) == failing_call:
+                raise OSError(errno.ENOSPC, "No space left on device")  # os.write: no filename
+            return real_write(loc, data, metadata)
+
+        return mock.patch.object(source_patch, "_write", write)
+
+    def test_disk_full_names_the_file_being_written(self):
+        # Writes: backup 1, file 1, backup 2, file 2 (bug #1's file first).
+        for call, path in (
+            (2, self.backend),
+            (3, source_patch.backup_path(self.sizing)),
+            (4, self.sizing),
+        ):
+            with self.subTest(call=call), self.fail_write(call):
+                self.assertRefused("apply", f"error: {path}: cannot write (No space left on device)")
+        self.assertEqual(self.backend.read_bytes(), self.original)
+        self.assertEqual(list(self.tmp.rglob("*.tmp")), [])
+
+    def test_backup_that_cannot_be_removed_after_revert(self):
+        self.assertEqual(self.cli("apply")[0], 0)
+        backup = source_patch.backup_path(self.backend)
+        real_unlink = safe_files.unlink
+
+        def unlink(loc):
+            if loc.name == backup.name:
+                raise PermissionError(errno.EACCES, "Permission denied")
+            return real_unlink(loc)
+
+        with mock.patch.object(safe_files, "unlink", unlink):
+            rc, out, err = self.cli("revert")
+        self.assertEqual(rc, 2, out)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertIn(f"{backup}: cannot remove (Permission denied); the revert itself succeeded", err)
+        self.assertEqual(self.backend.read_bytes(), self.original)
+        self.assertEqual(self.sizing.read_bytes(), self.original_sizing)
+        # What is left is consistent: the leftover backup equals its file.
+        self.assertEqual(self.cli("check")[0], 1)
+        self.assertEqual(self.cli("apply")[0], 0)
+
+
+class TestPlantedFiles(PatchToolTestCase):
+    def test_symlink_planted_as_the_backup_is_not_followed(self):
+        outside = self.tmp / "outside.py"
+        outside.write_bytes(self.original)
+        backup = source_patch.backup_path(self.backend)
+        backup.symlink_to(outside)
+        for command in ("check", "apply"):
+            with self.subTest(command=command):
+                self.assertRefused(command, "cannot read (Too many levels of symbolic links)")
+        self.assertEqual(outside.read_bytes(), self.original)
+
+    def test_symlink_planted_as_a_temp_file_is_replaced_not_followed(self):
+        outside = self.tmp / "outside.py"
+        outside.write_bytes(b"keep me")
+        stale = self.backend.parent / f".{self.backend.name}.abc123.tmp"
+        stale.symlink_to(outside)
+        rc, out, err = self.cli("apply")
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"removed: {stale}", out)
+        self.assertFalse(stale.is_symlink())
+        self.assertEqual(outside.read_bytes(), b"keep me")
+
+    def test_fifo_planted_as_the_backup_is_refused_at_once(self):
+        os.mkfifo(source_patch.backup_path(self.backend))
+        for command in ("check", "apply"):
+            with self.subTest(command=command):
+                self.assertRefused(command, "not a regular file")
+
+    def test_bug_order(self):
+        self.assertEqual(list(Bug), [Bug.PAGE_TABLE, Bug.ROW_OVERFLOW])  # what the tests above assume
