@@ -8,7 +8,9 @@ sglang's own HookRegistry, AFTER hooks for each bug that is affected in this tre
 - bug #1: ``<Backend>.init_cuda_graph_state`` → widen the graph page_table;
 - bug #2: ``get_req_to_token_extra_context_len`` → widen the req_to_token row;
 - always: ``Scheduler.get_internal_state`` → this plugin's state under ``sglang_dsa_fix`` in
-  ``/server_info`` (``internal_states``), so a live server shows what is running.
+  ``/server_info`` (``internal_states``), so a live server shows what is running;
+- opt-in (``SGLANG_DSA_FIX_WATCH=1``, kill switch or not): the family watch's AROUND hooks
+  (``watch.py``), its counters under ``watch`` in that state and in ``report()``.
 
 It never raises into sglang: a failing hook logs one warning and leaves sglang's own value.
 ``load_plugins()`` runs before sglang configures logging, so the state is logged again from
@@ -26,7 +28,7 @@ import logging
 import os
 import pkgutil
 
-from sglang_dsa_fix import __version__, width
+from sglang_dsa_fix import __version__, watch, width
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
 logger = logging.getLogger("sglang_dsa_fix")
@@ -169,8 +171,14 @@ def _internal_state_body(result, *args, **kwargs):
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
         refresh_hook_states()
+        STATE["watch"] = watch.report()
         state[STATE_KEY] = {**copy.deepcopy(STATE), "summary": _summary()}
     return None
+
+
+def report() -> dict:
+    """What /server_info reports for this process; the family watch's counters under ``watch``."""
+    return {**STATE, "watch": watch.report()}
 
 
 # 0.5.9 - 0.5.12 size the row inline in ModelRunner: no function for a hook to widen.
@@ -184,7 +192,8 @@ def decide():
     sglang = tree.find_tree(None)
     plans = []
     switch = kill_switch_value()
-    for state in source_patch.check(sglang):
+    # wait=False: sglang's start-up never waits on a running apply/revert's lock.
+    for state in source_patch.check(sglang, wait=False):
         bug, verdict, site = state.bug, state.verdict, state.site
         # Stale bytecode means the pristine code is what runs: hook it (the hooks are no-ops
         # where the width is already right).
@@ -235,4 +244,10 @@ def register() -> None:
             logger.warning("sglang-dsa-fix: cannot hook %s (%s: %s)", target, type(exc).__name__, exc)
         if bug is not None:
             _set(bug, state, **({"target": target} if state.startswith(INSTALLED_STATE) else {}))
+    if watch.enabled():  # opt-in (SGLANG_DSA_FIX_WATCH), independent of the fixes and the kill switch
+        try:
+            for target, hook_type, hook in watch.hooks(None):
+                HookRegistry.register(target, hook, HookType[hook_type])
+        except Exception as exc:
+            logger.warning("sglang-dsa-fix: watch not installed (%s: %s)", type(exc).__name__, exc)
     logger.info("%s", _summary())

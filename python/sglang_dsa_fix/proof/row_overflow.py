@@ -32,7 +32,7 @@ import contextlib
 import importlib
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Optional
 from unittest import mock
@@ -71,6 +71,7 @@ class RowResult:
     canary_clobbered: int  # neighbour-row cells changed
     leaked_slots: int  # KV slots not back in the allocator after release
     prepares: int
+    writes: list = field(default_factory=list, repr=False)  # (start, end, row width) per row written
 
     @property
     def columns_past_row_end(self) -> int:
@@ -173,10 +174,13 @@ class _WriteRecorder:
         self.module = writer_module()
         self.real = self.module.assign_req_to_token_pool_func
         self.furthest = -1
+        self.writes = []  # (start, end, row width) of every row of every call
 
     def __call__(self, req_pool_indices, req_to_token, start, end, out_cache_loc, bs):
         if bs:
             self.furthest = max(self.furthest, int(end[:bs].max()) - 1)
+            row_width = req_to_token.shape[1]
+            self.writes += [(s, e, row_width) for s, e in zip(start[:bs].tolist(), end[:bs].tolist())]
         return self.real(req_pool_indices, req_to_token, start, end, out_cache_loc, bs)
 
     def installed(self):
@@ -328,5 +332,13 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         canary_clobbered = int((pool.req_to_token[next_row] != CANARY).sum())
         leaked = free_before - allocator.available_size()
     return RowResult(
-        case, row_width, extra, recorder.furthest, last_committed, canary_clobbered, leaked, prepares
+        case,
+        row_width,
+        extra,
+        recorder.furthest,
+        last_committed,
+        canary_clobbered,
+        leaked,
+        prepares,
+        recorder.writes,
     )

@@ -1,0 +1,460 @@
+"""Family watch: an opt-in runtime checker that counts width violations of the req_to_token family.
+
+Off by default; ``SGLANG_DSA_FIX_WATCH`` = 1 / true / yes / on turns it on. ``plugin.register()``
+then adds the AROUND hooks of ``hooks()`` through sglang's HookRegistry, independently of the
+fixes (it watches with the kill switch ``SGLANG_DSA_FIX=0`` too, which is how one sees the bugs
+happen). It changes nothing: every hook checks the arguments, then calls sglang's own function.
+A check that fails logs one warning and is switched off; sglang's call goes on.
+
+What it counts:
+
+- row writes: every call of the Triton writer ``assign_req_to_token_pool_func(req_pool_indices,
+  req_to_token, start_offset, end_offset, out_cache_loc, batch_size)``, which masks only
+  ``col < end`` and never the row width (bug #2): rows whose [start, end) reaches past
+  ``req_to_token.shape[1]`` (``row_writes_past_end``) and the columns written there
+  (``row_columns_past_end``), which land in the next request's row;
+- row reads: ``assign_extend_cache_locs_func`` (same arguments less out_cache_loc), which reads
+  the verify slots back out of a row with the same unmasked kernel (``row_reads_past_end``);
+- CUDA-graph replays (bug #1 and its FA3 relative): replays whose graph page_table is narrower
+  than the columns the attention kernel reads (``graph_replays_short``, per backend
+  ``dsa_page_table_short`` / ``fa3_page_table_short``).
+
+No host synchronisation on the hot path: the row checks accumulate into a small int64 tensor on
+the tensors' own device with in-place device ops (no ``.item()``, no ``bool()`` of a device
+tensor); the replay checks only read ``seq_lens_cpu``, a host tensor the replay already holds.
+Only ``report()`` reads the device counters (one copy to the host per device).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Optional
+
+from sglang_dsa_fix import width
+
+logger = logging.getLogger("sglang_dsa_fix")
+
+WATCH_ENV = "SGLANG_DSA_FIX_WATCH"
+ON_VALUES = ("1", "true", "yes", "on")
+AROUND = "AROUND"  # sglang's HookType name: hook(original_fn, *args, **kwargs)
+
+ROW_WRITE, ROW_READ, DSA_REPLAY, FA3_REPLAY = "row_write", "row_read", "dsa_replay", "fa3_replay"
+DEVICE_KINDS = (ROW_WRITE, ROW_READ)  # checked on the device
+# Counter names per kind: (sites counted, columns past the end), as report() spells them.
+COUNTERS = {
+    ROW_WRITE: ("row_writes_past_end", "row_columns_past_end"),
+    ROW_READ: ("row_reads_past_end", "row_read_columns_past_end"),
+    DSA_REPLAY: ("dsa_page_table_short", None),
+    FA3_REPLAY: ("fa3_page_table_short", None),
+}
+GRAPH_TOTAL = "graph_replays_short"
+
+
+def enabled(value: Optional[str] = None) -> bool:
+    value = os.environ.get(WATCH_ENV, "") if value is None else value
+    return value.strip().lower() in ON_VALUES
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One place a watched function lives, for the releases in [since, until] (None: open)."""
+
+    kind: str
+    target: str  # dotted path, as HookRegistry resolves it
+    buffer: str  # what the checked width is the width of
+    since: tuple
+    until: Optional[tuple] = None
+
+    def covers(self, version: Optional[str]) -> bool:
+        if width.parse_version(version) is None:
+            return True  # unknown release: let resolution decide
+        if not width.at_least(version, self.since):
+            return False
+        return self.until is None or not width.at_least(version, (*self.until[:2], self.until[2] + 1))
+
+
+# In preference order per kind; the first one in range that resolves is hooked.
+CANDIDATES = (
+    # 0.5.16+: a module global of mem_cache/allocation.py (0.5.17 :631, 0.5.23 :737), called from
+    # there by alloc_for_spec_decode (0.5.17 :710, 0.5.23 :837) as a global, so the module
+    # attribute is what the spec-v2 prepare really calls.
+    Candidate(
+        ROW_WRITE, "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func", "req_to_token", (0, 5, 16)
+    ),
+    # 0.5.13 - 0.5.15: the spec-v2 prepare imports it from speculative/spec_utils.py at call time
+    # (0.5.14 eagle_info_v2.py:33, :104; spec_utils.py:29 re-exports the definition of
+    # speculative/triton_ops/cache_locs.py:50). HookRegistry sets the wrapper on spec_utils and
+    # propagates it to every module holding the original (0.5.14 plugins/hook_registry.py:297-300, :322-349).
+    Candidate(
+        ROW_WRITE,
+        "sglang.srt.speculative.spec_utils.assign_req_to_token_pool_func",
+        "req_to_token",
+        (0, 5, 13),
+        (0, 5, 15),
+    ),
+    # The verify-slot reader: sglang.kernels from 0.5.17 (0.5.17 kernels/ops/speculative/
+    # cache_locs.py:432, 0.5.23 :679; called by ngram_worker.py 0.5.23:374, dflash_worker_v2.py),
+    # speculative/triton_ops/cache_locs.py:337 in 0.5.14 (called by eagle_info_v2.py, ngram_worker.py:324,
+    # eagle_utils.py:308). 0.5.15 / 0.5.16 not read: whichever resolves.
+    Candidate(
+        ROW_READ,
+        "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_func",
+        "req_to_token",
+        (0, 5, 15),
+    ),
+    Candidate(
+        ROW_READ,
+        "sglang.srt.speculative.triton_ops.cache_locs.assign_extend_cache_locs_func",
+        "req_to_token",
+        (0, 5, 13),
+        (0, 5, 16),
+    ),
+    # DSA: the shared capture + replay body behind init_forward_metadata_out_graph, which the
+    # cuda-graph runners call (0.5.14 dsa_backend.py:601-618 -> :1160; 0.5.17 :1403; 0.5.23
+    # :1797); the spec runners also call it directly. The class has no
+    # init_forward_metadata_replay_cuda_graph of its own in 0.5.14. 0.5.14 target_verify copies
+    # req_to_token[idx, :max(seq_lens) + D] into page_table_1 (:1217-1233), a view of
+    # decode_cuda_graph_metadata["page_table"], max_context_len + D wide (:995-1000).
+    Candidate(
+        DSA_REPLAY,
+        "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend._apply_cuda_graph_metadata",
+        'decode_cuda_graph_metadata["page_table"]',
+        (0, 5, 13),
+    ),
+    # FA3: target_verify sets cache_seqlens = seq_lens + D (0.5.14 flashattention_backend.py:2292-2325)
+    # while the graph page_table is ceil(max_context_len / page) wide (:1610); the copy is sliced
+    # to that width, so nothing raises and the kernel reads past the filled columns.
+    # 0.5.14 :2115, 0.5.17 :2596, 0.5.23 :2997.
+    Candidate(
+        FA3_REPLAY,
+        "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend._apply_cuda_graph_metadata",
+        "page_table (pages)",
+        (0, 5, 13),
+    ),
+)
+
+
+@dataclass
+class Site:
+    """One hooked target: its static part (host) and, for host-checked kinds, its counters."""
+
+    kind: str
+    target: str
+    buffer: str
+    slot: int = -1  # row in the device counters (device kinds)
+    width: Optional[int] = None  # recorded at the first check
+    count: int = 0  # host-checked kinds
+    columns: int = 0
+    needed: int = 0
+    failed: Optional[str] = None
+    signature: Optional[inspect.Signature] = field(default=None, repr=False)
+
+
+MAX_DEVICE_SITES = 8
+_SITES: dict[str, Site] = {}  # by target, in registration order
+_DEVICE_COUNTERS: dict = {}  # torch.device -> int64 [MAX_DEVICE_SITES, 3]: rows, columns, max end
+_logged = set()
+
+
+def reset() -> None:
+    """Zero every counter (tests); the hooks stay."""
+    _DEVICE_COUNTERS.clear()
+    _logged.clear()
+    for site in _SITES.values():
+        site.width, site.count, site.columns, site.needed, site.failed = None, 0, 0, 0, None
+
+
+def _version_of(version_or_tree_info) -> Optional[str]:
+    if version_or_tree_info is None:
+        from sglang_dsa_fix import tree
+
+        return tree.find_tree(None).version
+    return getattr(version_or_tree_info, "version", version_or_tree_info)
+
+
+def _resolves(target: str) -> bool:
+    try:
+        pkgutil.resolve_name(target)  # as HookRegistry resolves it when applying
+    except Exception:
+        return False
+    return True
+
+
+def select(version: Optional[str], resolve: bool = True) -> list[Candidate]:
+    """Per kind, the first candidate for this release (that resolves, if ``resolve``)."""
+    chosen = {}
+    for candidate in CANDIDATES:
+        if candidate.kind in chosen or not candidate.covers(version):
+            continue
+        if resolve and not _resolves(candidate.target):
+            continue
+        chosen[candidate.kind] = candidate
+    return list(chosen.values())
+
+
+def hooks(version_or_tree_info=None, resolve: bool = True) -> list[tuple[str, str, Callable]]:
+    """[(target, HookType name, hook)] for this release (a version string, or anything with a
+    ``version``, e.g. ``tree.find_tree(None)``; None: the installed tree). Idempotent per target."""
+    out = []
+    for candidate in select(_version_of(version_or_tree_info), resolve):
+        site = _SITES.get(candidate.target)
+        if site is None:
+            site = Site(candidate.kind, candidate.target, candidate.buffer)
+            if site.kind in DEVICE_KINDS:
+                site.slot = sum(s.kind in DEVICE_KINDS for s in _SITES.values())
+                assert site.slot < MAX_DEVICE_SITES
+            _SITES[candidate.target] = site
+        out.append((candidate.target, AROUND, _HOOK_FACTORIES[candidate.kind](site)))
+    return out
+
+
+def _fail(site: Site, exc: Exception) -> None:
+    """A check that cannot run: one warning, and this site stops checking."""
+    site.failed = f"{type(exc).__name__}: {exc}"
+    logger.warning("sglang-dsa-fix watch: check on %s switched off (%s)", site.target, site.failed)
+
+
+def _arg(args, kwargs, index: int, name: str):
+    return args[index] if len(args) > index else kwargs[name]
+
+
+# --------------------------------------------------------------------------------------------
+# Row writes and reads: device-side counting.
+
+
+def _counters(device):
+    import torch
+
+    counters = _DEVICE_COUNTERS.get(device)
+    if counters is None:  # once per device: an allocation, no synchronisation
+        counters = torch.zeros((MAX_DEVICE_SITES, 3), dtype=torch.int64, device=device)
+        _DEVICE_COUNTERS[device] = counters
+    return counters
+
+
+def _capturing(device) -> bool:
+    import torch
+
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) -> None:
+    """Columns of [start, end) at or past the row end, per row, accumulated on the device.
+
+    The kernel writes (reads) columns [start, end) of row req_pool_indices[i] for i < batch_size,
+    at ``req_to_token + row * width + col`` (0.5.14 triton_ops/cache_locs.py:15-46), so every
+    column >= width is a cell of a later row. A row with start >= end touches nothing.
+    """
+    import torch
+
+    if isinstance(batch_size, torch.Tensor):  # sglang passes an int; never read a device value
+        batch_size = end_offset.shape[0]
+    if not batch_size or _capturing(end_offset.device):
+        return
+    row_width = int(req_to_token.shape[1])
+    if site.width is None:
+        site.width = row_width
+    end = end_offset[:batch_size].to(torch.int64)
+    first_outside = torch.clamp(start_offset[:batch_size].to(torch.int64), min=row_width)
+    past = (end - first_outside).clamp_(min=0)
+    counters = _counters(end.device)[site.slot]
+    counters[:2].add_(torch.stack(((past > 0).sum(), past.sum())))
+    counters[2:].copy_(torch.maximum(counters[2:], end.max().reshape(1)))
+
+
+def _row_write_hook(site: Site):
+    def watch_row_write(original_fn, *args, **kwargs):
+        if site.failed is None:
+            try:
+                _check_rows(
+                    site,
+                    _arg(args, kwargs, 1, "req_to_token"),
+                    _arg(args, kwargs, 2, "start_offset"),
+                    _arg(args, kwargs, 3, "end_offset"),
+                    _arg(args, kwargs, 5, "batch_size"),
+                )
+            except Exception as exc:  # never break sglang
+                _fail(site, exc)
+        return original_fn(*args, **kwargs)
+
+    return watch_row_write
+
+
+def _row_read_hook(site: Site):
+    def watch_row_read(original_fn, *args, **kwargs):
+        if site.failed is None:
+            try:
+                _check_rows(
+                    site,
+                    _arg(args, kwargs, 1, "req_to_token"),
+                    _arg(args, kwargs, 2, "start_offset"),
+                    _arg(args, kwargs, 3, "end_offset"),
+                    _arg(args, kwargs, 4, "batch_size"),
+                )
+            except Exception as exc:
+                _fail(site, exc)
+        return original_fn(*args, **kwargs)
+
+    return watch_row_read
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA-graph replays: host-side checks from seq_lens_cpu.
+
+
+def _replay_args(site: Site, original_fn, args, kwargs) -> dict:
+    if site.signature is None:
+        site.signature = inspect.signature(original_fn)
+    return site.signature.bind(*args, **kwargs).arguments
+
+
+def _longest(arguments) -> Optional[int]:
+    """max(seq_lens[:bs]) from the host copy; None where there is none (never sync for it)."""
+    seq_lens_cpu, bs = arguments.get("seq_lens_cpu"), arguments.get("bs")
+    if seq_lens_cpu is None or not bs or getattr(seq_lens_cpu, "device", None) is None:
+        return None
+    if seq_lens_cpu.device.type != "cpu":
+        return None
+    return int(seq_lens_cpu[:bs].max())
+
+
+def _count_short(site: Site, table_width: int, needed: int) -> None:
+    if site.width is None:
+        site.width = table_width
+    if needed > table_width:
+        site.count += 1
+        site.columns += needed - table_width
+        site.needed = max(site.needed, needed)
+
+
+def _check_dsa(site: Site, arguments) -> None:
+    """Columns the DSA replay copies into the graph page_table (0.5.14 dsa_backend.py:1201-1266):
+    decode and draft_extend_v2 max(seq_lens), target_verify max(seq_lens) + D."""
+    backend, bs, mode = next(iter(arguments.values())), arguments["bs"], arguments.get("forward_mode")
+    graph = getattr(backend, "decode_cuda_graph_metadata", None)
+    if mode is None or not isinstance(graph, dict) or bs not in graph:
+        return  # capture: the per-bs metadata is being built, nothing replayed yet
+    longest = _longest(arguments)
+    if longest is None:
+        return
+    if mode.is_target_verify():
+        needed = longest + (backend.speculative_num_draft_tokens or 0)
+    elif mode.is_decode_or_idle() or mode.is_draft_extend_v2():
+        needed = longest
+    else:
+        return
+    table = getattr(graph[bs], "page_table_1", None)
+    if table is None:  # 0.5.17+ may drop the wide table; then it reads req_to_token's width
+        table = width.graph_page_table(backend)
+    table_width = int(table.shape[1]) if table is not None else width.required_width(backend)
+    _count_short(site, table_width, needed)
+
+
+def _check_fa3(site: Site, arguments) -> None:
+    """Pages the FA3 kernel reads per request vs the graph page_table width (0.5.14
+    flashattention_backend.py:2150-2470, topk 1): decode max(seq_lens) (+ step + 1 for draft
+    decode), target_verify max(seq_lens) + D, draft_extend_v2 max(seq_lens)."""
+    backend, bs, mode = next(iter(arguments.values())), arguments["bs"], arguments.get("forward_mode")
+    if mode is None or (getattr(backend, "topk", 1) or 1) > 1:
+        return  # topk > 1 splits prefix and draft tokens in two tables: not judged here
+    if mode.is_target_verify():
+        metadata = getattr(backend, "target_verify_metadata", {}).get(bs)
+        extra = backend.speculative_num_draft_tokens or 0
+    elif mode.is_decode_or_idle():
+        metadata = getattr(backend, "decode_cuda_graph_metadata", {}).get(bs)
+        spec = arguments.get("spec_info") is not None
+        extra = (getattr(backend, "speculative_step_id", 0) or 0) + 1 if spec else 0
+    elif mode.is_draft_extend_v2():
+        metadata = getattr(backend, "draft_extend_metadata", {}).get(bs)
+        extra = 0
+    else:
+        return
+    table = getattr(metadata, "page_table", None)
+    longest = _longest(arguments)
+    if table is None or longest is None:
+        return
+    page = backend.page_size
+    _count_short(site, int(table.shape[1]), -(-(longest + extra) // page))
+
+
+def _replay_hook(check):
+    def factory(site: Site):
+        def watch_replay(original_fn, *args, **kwargs):
+            # Checked before the call: on a pristine 0.5.14 the replay then raises.
+            if site.failed is None:
+                try:
+                    check(site, _replay_args(site, original_fn, args, kwargs))
+                except Exception as exc:
+                    _fail(site, exc)
+            return original_fn(*args, **kwargs)
+
+        return watch_replay
+
+    return factory
+
+
+_HOOK_FACTORIES = {
+    ROW_WRITE: _row_write_hook,
+    ROW_READ: _row_read_hook,
+    DSA_REPLAY: _replay_hook(_check_dsa),
+    FA3_REPLAY: _replay_hook(_check_fa3),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The report: the only place that reads device counters.
+
+
+def _read_device_counters() -> list[list[int]]:
+    """[rows, columns, max end] per device slot, summed (max for the end) over devices."""
+    totals = [[0, 0, 0] for _ in range(MAX_DEVICE_SITES)]
+    for counters in list(_DEVICE_COUNTERS.values()):
+        for slot, (rows, columns, end) in enumerate(counters.tolist()):
+            totals[slot][0] += rows
+            totals[slot][1] += columns
+            totals[slot][2] = max(totals[slot][2], end)
+    return totals
+
+
+def report() -> dict:
+    out = {"enabled": enabled(), "sites": list(_SITES)}
+    for kind in COUNTERS:
+        for name in COUNTERS[kind]:
+            if name:
+                out[name] = 0
+    out[GRAPH_TOTAL] = 0
+    device = _read_device_counters() if _DEVICE_COUNTERS else None
+    first, failed = None, {}
+    for site in _SITES.values():
+        if site.kind in DEVICE_KINDS:
+            count, columns, needed = device[site.slot] if device else (0, 0, 0)
+        else:
+            count, columns, needed = site.count, site.columns, site.needed
+            out[GRAPH_TOTAL] += count
+        sites_name, columns_name = COUNTERS[site.kind]
+        out[sites_name] += count
+        if columns_name:
+            out[columns_name] += columns
+        if count and first is None:
+            first = {"where": site.target, "buffer": site.buffer, "width": site.width, "needed": needed}
+        if site.failed:
+            failed[site.target] = site.failed
+    out["first_violation"] = first
+    if failed:
+        out["failed"] = failed
+    if first is not None and "first" not in _logged:
+        _logged.add("first")
+        logger.warning(
+            "sglang-dsa-fix watch: %s needed %d columns of %s, which is %d wide (width violation; "
+            "counters under the plugin's state 'watch')",
+            first["where"],
+            first["needed"],
+            first["buffer"],
+            first["width"],
+        )
+    return out

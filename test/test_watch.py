@@ -1,0 +1,425 @@
+"""The family watch (``sglang_dsa_fix.watch``) on the real sglang code, CPU.
+
+Each watch hook is put around the real sglang function the way sglang's HookRegistry does
+(``hook_registry._wrap_fn`` with HookType.AROUND, set on the object the target names), then:
+
+- row writes: the bug #2 driver (``proof.row_overflow``) runs the real spec-v2 prepare and its
+  Triton writer; its ``_WriteRecorder``, an observer that depends on no watch code, keeps every
+  row's [start, end) and the row width. The watch's counters must equal what it counts, be >= 1
+  where the reservation overflows (fixes off) and 0 with the runtime fix. Installed release for
+  D 7 / 8 / 9 / 12 x page 1 / 64; 0.5.23 (overlay, a child process) for one case at page 1;
+- DSA CUDA-graph replays: the bug #1 replay driver (``proof.replay``) on the pristine backend: a
+  TARGET_VERIFY replay that reads past the graph page_table is counted (it then raises), one with
+  the runtime fix is not; over a sweep the count equals the replays whose columns exceed the buffer;
+- no host read on the hot path: the row check runs on ``meta`` tensors, which refuse any read;
+- the plugin registers the watch with the kill switch on, and reports it under ``watch``.
+"""
+
+import contextlib
+import copy
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+import unittest
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import torch
+
+from sglang_dsa_fix import plugin, runtime_fix, watch
+
+REPO = Path(__file__).resolve().parents[1]
+# Other releases as overlays (scripts/release_matrix.py installs them into .matrix/).
+MATRIX = Path(os.environ.get("SGLANG_DSA_FIX_MATRIX", REPO / ".matrix"))
+OVERLAY_0_5_23 = MATRIX / "sglang-0.5.23"
+
+
+def installed_version():
+    from sglang_dsa_fix.proof.replay import installed_version
+
+    return installed_version()
+
+
+def watch_hook(kind: str, version=None):
+    """(target, hook) of the watch's hook of this kind for the release."""
+    by_kind = {watch._SITES[target].kind: (target, hook) for target, _, hook in watch.hooks(version)}
+    return by_kind[kind]
+
+
+@contextlib.contextmanager
+def hooked(target: str, hook):
+    """The target wrapped as HookRegistry wraps it (0.5.14 plugins/hook_registry.py:236-296), undone
+    on exit. Without the propagation to other importers: the drivers call the target's own name."""
+    from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+
+    owner_path, name = target.rsplit(".", 1)
+    owner = pkgutil.resolve_name(owner_path)
+    wrapped = _wrap_fn(getattr(owner, name), hook, HookType.AROUND)
+    with mock.patch.object(owner, name, wrapped):
+        yield
+
+
+def observed(writes):
+    """The independent count: rows whose [start, end) reaches past the row, and those columns."""
+    past = [max(0, end - max(start, row_width)) for start, end, row_width in writes]
+    return sum(p > 0 for p in past), sum(past)
+
+
+def runtime_fixed_sizing():
+    """The installed sizing function with the plugin's AFTER-hook body (test_row_overflow.py)."""
+    from sglang_dsa_fix.proof import row_overflow
+
+    module = row_overflow.sizing_module()
+    hook = runtime_fix.row_extra_fix(module.__name__)
+    original = module.get_req_to_token_extra_context_len
+    return lambda *args, **kwargs: hook(original(*args, **kwargs), *args, **kwargs)
+
+
+def watched_row_cases(cases, fixed: bool) -> list:
+    """Run each case of the bug #2 driver with the watch around the real writer: one dict per case."""
+    from sglang_dsa_fix.proof import row_overflow
+
+    target, hook = watch_hook(watch.ROW_WRITE, installed_version())
+    module = row_overflow.writer_module()
+    assert target == f"{module.__name__}.assign_req_to_token_pool_func", target
+    out = []
+    for case in cases:
+        watch.reset()
+        with hooked(target, hook):
+            result = row_overflow.run(case, runtime_fixed_sizing() if fixed else None)
+        report = watch.report()
+        out.append(
+            dict(
+                case=[case.num_draft_tokens, case.page_size],
+                target=target,
+                watched=[report["row_writes_past_end"], report["row_columns_past_end"]],
+                observed=list(observed(result.writes)),
+                writes=len(result.writes),
+                columns_past_row_end=result.columns_past_row_end,
+                first_violation=report["first_violation"],
+                row_width=result.row_width,
+            )
+        )
+    return out
+
+
+def row_case(D: int, page: int):
+    from sglang_dsa_fix.proof import row_overflow
+
+    # The request's last few decode steps (prompt 2D + 3 below the clamp), overlap on.
+    return row_overflow.RowCase(256, D, page, True, 256 - 2 - (2 * D + 3))
+
+
+class TestSwitchAndSites(unittest.TestCase):
+    def test_enabled_values(self):
+        for value in ("1", "true", "YES", " on "):
+            self.assertTrue(watch.enabled(value), value)
+        for value in ("", "0", "false", "off", "no", "2"):
+            self.assertFalse(watch.enabled(value), value)
+
+    def test_row_writer_target_per_release(self):
+        def writer(version):
+            return [c.target for c in watch.select(version, resolve=False) if c.kind == watch.ROW_WRITE]
+
+        for version in ("0.5.13", "0.5.14", "0.5.15"):
+            self.assertEqual(
+                writer(version), ["sglang.srt.speculative.spec_utils.assign_req_to_token_pool_func"]
+            )
+        for version in ("0.5.16", "0.5.17", "0.5.23"):
+            self.assertEqual(
+                writer(version), ["sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"]
+            )
+        self.assertEqual(writer("0.5.12"), [])
+
+    def test_row_hooks_read_the_arguments_where_sglang_passes_them(self):
+        # The row hooks take positional arguments by index: the installed functions' own order.
+        import inspect
+
+        expected = {
+            watch.ROW_WRITE: [
+                "req_pool_indices",
+                "req_to_token",
+                "start_offset",
+                "end_offset",
+                "out_cache_loc",
+                "batch_size",
+            ],
+            watch.ROW_READ: ["req_pool_indices", "req_to_token", "start_offset", "end_offset", "batch_size"],
+        }
+        chosen = {c.kind: c.target for c in watch.select(installed_version())}
+        self.assertEqual(set(expected) - set(chosen), set())
+        for kind, names in expected.items():
+            parameters = list(inspect.signature(pkgutil.resolve_name(chosen[kind])).parameters)
+            self.assertEqual(parameters[: len(names)], names, kind)
+
+
+class TestRowCheck(unittest.TestCase):
+    def test_counts_columns_written_past_the_row(self):
+        site = watch.Site(watch.ROW_WRITE, "test.row_write", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        rows = [(8, 12), (11, 11), (12, 14), (3, 9)]  # 2 past, nothing written, 2 past, inside
+        start, end = (torch.tensor(list(x), dtype=torch.int32) for x in zip(*rows))
+        try:
+            watch._check_rows(site, torch.zeros(4, 10, dtype=torch.int32), start, end, 4)
+            counters = watch._DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
+        finally:
+            watch.reset()
+        self.assertEqual(counters, [*observed([(s, e, 10) for s, e in rows]), 14])
+        self.assertEqual(counters[:2], [2, 4])
+
+    def test_row_check_reads_nothing_back_from_the_device(self):
+        # meta tensors have no data: any .item() / int() / bool() / .tolist() on them raises.
+        site = watch.Site(watch.ROW_WRITE, "test.meta", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        meta = torch.device("meta")
+        try:
+            start = torch.empty(3, dtype=torch.int64, device=meta)
+            watch._check_rows(site, torch.empty(4, 10, dtype=torch.int32, device=meta), start, start, 3)
+            self.assertEqual(watch._DEVICE_COUNTERS[meta].shape, (watch.MAX_DEVICE_SITES, 3))
+            self.assertIsNone(site.failed)
+        finally:
+            watch.reset()
+
+
+class TestRowWritesInstalled(unittest.TestCase):
+    """bug #2 on the installed release (0.5.14): D 8+ overflows at page 1 and 64 (D - 7 columns)."""
+
+    CASES = [(D, page) for D in (7, 8, 9, 12) for page in (1, 64)]
+
+    def test_pristine_counts_equal_the_observer(self):
+        results = watched_row_cases([row_case(D, page) for D, page in self.CASES], fixed=False)
+        overflowing = 0
+        for r in results:
+            with self.subTest(case=r["case"]):
+                self.assertGreater(r["writes"], 0)
+                self.assertEqual(r["watched"], r["observed"])
+                self.assertEqual(r["watched"][0] > 0, r["columns_past_row_end"] > 0)
+                if r["watched"][0]:
+                    overflowing += 1
+                    self.assertEqual(
+                        r["first_violation"],
+                        dict(
+                            where=r["target"],
+                            buffer="req_to_token",
+                            width=r["row_width"],
+                            needed=r["row_width"] + r["columns_past_row_end"],
+                        ),
+                    )
+                else:
+                    self.assertIsNone(r["first_violation"])
+        if installed_version() in ("0.5.13", "0.5.14"):
+            self.assertEqual(overflowing, 6)  # D 8, 9, 12 at both pages
+            self.assertEqual(results[2]["watched"][0], 1)  # D 8, page 1: one row, one column
+        self.assertGreater(overflowing, 0)
+
+    def test_runtime_fix_counts_nothing(self):
+        for r in watched_row_cases([row_case(D, page) for D, page in self.CASES], fixed=True):
+            with self.subTest(case=r["case"]):
+                self.assertGreater(r["writes"], 0)
+                self.assertEqual(r["watched"], [0, 0])
+                self.assertEqual(r["observed"], [0, 0])
+                self.assertIsNone(r["first_violation"])
+
+
+@unittest.skipUnless(OVERLAY_0_5_23.is_dir(), f"no sglang 0.5.23 overlay at {OVERLAY_0_5_23}")
+class TestRowWrites0523(unittest.TestCase):
+    """0.5.23, page 1, D 12 (K 1, D >= 9 overflows there): in a child with the overlay first."""
+
+    def test_pristine_counted_fixed_not(self):
+        code = (
+            "import json, test_watch as t;"
+            "print('RESULT', json.dumps([t.installed_version(),"
+            " t.watched_row_cases([t.row_case(12, 1)], False), t.watched_row_cases([t.row_case(12, 1)], True)]))"
+        )
+        paths = [str(OVERLAY_0_5_23), str(REPO / "python"), str(REPO / "test")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), TRITON_INTERPRET="1")
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
+        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        self.assertTrue(line, proc.stderr[-3000:])
+        version, (pristine,), (fixed,) = json.loads(line[0][len("RESULT ") :])
+        self.assertEqual(version, "0.5.23")
+        self.assertEqual(pristine["target"], "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func")
+        self.assertEqual(pristine["watched"], pristine["observed"])
+        self.assertGreaterEqual(pristine["watched"][0], 1)
+        self.assertGreater(pristine["columns_past_row_end"], 0)
+        self.assertEqual((fixed["watched"], fixed["observed"]), ([0, 0], [0, 0]))
+
+
+class TestDsaReplay(unittest.TestCase):
+    """bug #1 on the installed release's DSA backend (pristine 0.5.14: page_table max_context_len + D)."""
+
+    @classmethod
+    def setUpClass(cls):
+        from sglang_dsa_fix.proof import replay
+
+        cls.replay = replay
+        cls.layout, cls.cls = replay.import_backend_class()
+        cls.target, hook = watch_hook(watch.DSA_REPLAY, installed_version())
+        cls.hook = staticmethod(hook)
+        cls.case = replay.Case(256, 5, 1, 4)
+
+    def setUp(self):
+        self.assertEqual(
+            self.target, f"{self.layout.module}.{self.layout.class_name}._apply_cuda_graph_metadata"
+        )
+        self.assertFalse(runtime_fix.page_table_fix_installed(self.cls))
+        watch.reset()
+        self.addCleanup(watch.reset)
+
+    @contextlib.contextmanager
+    def fixed(self):
+        runtime_fix.install_page_table_fix(self.cls)
+        try:
+            yield
+        finally:
+            runtime_fix.uninstall_page_table_fix(self.cls)
+
+    def test_pristine_overshooting_target_verify_is_counted(self):
+        session = self.replay.GraphSession(self.cls, self.case)
+        with hooked(self.target, self.hook):
+            fits = session.replay("TARGET_VERIFY", 4, 256)  # 256 + 5 columns: as wide as the buffer
+            self.assertEqual(watch.report()["graph_replays_short"], 0)
+            over = session.replay("TARGET_VERIFY", 4, 257)
+        self.assertTrue(fits.ok, fits)
+        if installed_version() not in ("0.5.13", "0.5.14"):
+            self.skipTest("bug #1 is fixed upstream in this release")
+        self.assertIsNotNone(over.error)  # counted before the replay raised
+        report = watch.report()
+        self.assertEqual((report["dsa_page_table_short"], report["graph_replays_short"]), (1, 1))
+        self.assertEqual(
+            report["first_violation"],
+            dict(where=self.target, buffer='decode_cuda_graph_metadata["page_table"]', width=261, needed=262),
+        )
+
+    def test_fixed_replay_is_not_counted(self):
+        with self.fixed():
+            session = self.replay.GraphSession(self.cls, self.case)
+            with hooked(self.target, self.hook):
+                result = session.replay("TARGET_VERIFY", 4, 257)
+        self.assertTrue(result.ok, result)
+        report = watch.report()
+        self.assertEqual((report["dsa_page_table_short"], report["graph_replays_short"]), (0, 0))
+        self.assertIsNone(report["first_violation"])
+
+    def test_sweep_count_equals_replays_past_the_buffer(self):
+        case = self.replay.Case(256, 5, 64, 4)
+        for fixed in (False, True):
+            watch.reset()
+            with self.fixed() if fixed else contextlib.nullcontext(), hooked(self.target, self.hook):
+                results = self.replay.sweep(self.cls, case, "TARGET_VERIFY", 2)
+            short = [r for r in results if r.columns > r.buffer_width]
+            with self.subTest(fixed=fixed):
+                self.assertEqual(watch.report()["dsa_page_table_short"], len(short))
+                self.assertEqual(short, [r for r in results if r.error])
+                if fixed or installed_version() not in ("0.5.13", "0.5.14"):
+                    self.assertEqual(short, [])
+                else:
+                    self.assertGreater(len(short), 0)
+
+
+class TestFa3Check(unittest.TestCase):
+    """The FA3 replay check on a stand-in backend (FA3 needs sgl_kernel: not importable on CPU),
+    with sglang's real ForwardMode and the 0.5.14 signature of _apply_cuda_graph_metadata."""
+
+    def test_target_verify_past_the_page_table(self):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        def _apply_cuda_graph_metadata(
+            self,
+            bs,
+            req_pool_indices,
+            seq_lens,
+            seq_lens_sum,
+            encoder_lens,
+            forward_mode,
+            spec_info,
+            seq_lens_cpu,
+        ):
+            return "sglang's own"
+
+        site = watch.Site(watch.FA3_REPLAY, "test.fa3", "page_table (pages)")
+        hook = watch._HOOK_FACTORIES[watch.FA3_REPLAY](site)
+        # context 256, page 64: ceil(256 / 64) = 4 pages; target_verify reads seq_len + D tokens.
+        table = SimpleNamespace(page_table=torch.zeros(2, 4, dtype=torch.int32))
+        backend = SimpleNamespace(
+            topk=1, page_size=64, speculative_num_draft_tokens=5, target_verify_metadata={2: table}
+        )
+        for longest, short in ((251, 0), (252, 1), (300, 2)):
+            seq_lens = torch.tensor([longest, 3])
+            mode = ForwardMode.TARGET_VERIFY
+            out = hook(_apply_cuda_graph_metadata, backend, 2, None, seq_lens, 0, None, mode, None, seq_lens)
+            self.assertEqual((out, site.count), ("sglang's own", short))
+        self.assertEqual((site.width, site.needed), (4, 5))
+
+
+class TestPlugin(unittest.TestCase):
+    def setUp(self):
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        hooks = {target: list(entries) for target, entries in HookRegistry._hooks.items()}
+        state = copy.deepcopy(plugin.STATE)
+
+        def restore():
+            HookRegistry._hooks.clear()
+            HookRegistry._hooks.update(hooks)
+            plugin.STATE.clear()
+            plugin.STATE.update(state)
+            watch.reset()
+
+        self.addCleanup(restore)
+        self.registry = HookRegistry
+
+    def register(self, **env):
+        with mock.patch.dict(os.environ, env):
+            plugin.STATE["pid"] = None
+            plugin.register()
+        return {
+            target: [entry[0].name for entry in entries] for target, entries in self.registry._hooks.items()
+        }
+
+    def test_watch_registered_with_the_kill_switch(self):
+        registered = self.register(SGLANG_DSA_FIX="0", SGLANG_DSA_FIX_WATCH="1")
+        targets = [target for target, _, _ in watch.hooks(None)]
+        self.assertTrue(targets)
+        for target in targets:
+            self.assertIn("AROUND", registered.get(target, []), target)
+        self.assertTrue(
+            all(info["state"].startswith(("disabled", "not")) for info in plugin.STATE["bugs"].values())
+        )
+        with mock.patch.dict(os.environ, SGLANG_DSA_FIX_WATCH="1"):
+            report = plugin.report()
+        self.assertTrue(report["watch"]["enabled"])
+        self.assertEqual(report["watch"]["sites"], targets)
+        self.assertEqual(report["bugs"], plugin.STATE["bugs"])
+        # /server_info: the hooked Scheduler.get_internal_state carries it.
+        result = SimpleNamespace(internal_state={})
+        plugin._internal_state_body(result)
+        self.assertEqual(result.internal_state[plugin.STATE_KEY]["watch"]["row_writes_past_end"], 0)
+
+    def test_not_registered_unless_asked(self):
+        registered = self.register(SGLANG_DSA_FIX_WATCH="0")
+        for candidate in watch.CANDIDATES:
+            self.assertNotIn("AROUND", registered.get(candidate.target, []))
+
+    def test_first_violation_logged_once(self):
+        watch.reset()
+        target, hook = watch_hook(watch.ROW_WRITE, installed_version())
+        start, end = torch.tensor([9]), torch.tensor([12])
+        hook(lambda *args: None, None, torch.zeros(2, 10, dtype=torch.int32), start, end, None, 1)
+        with self.assertLogs("sglang_dsa_fix", "WARNING") as logs:
+            first = plugin.report()["watch"]
+            again = plugin.report()["watch"]
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn(target, logs.output[0])
+        self.assertEqual(first, again)
+        self.assertEqual(
+            first["first_violation"], dict(where=target, buffer="req_to_token", width=10, needed=12)
+        )
+        self.assertEqual((first["row_writes_past_end"], first["row_columns_past_end"]), (1, 2))
+
+
+if __name__ == "__main__":
+    unittest.main()
