@@ -16,8 +16,14 @@ the engines (ABBA) so that drift on the host hits every variant alike; fixed/pri
 reported rep by rep with its spread. Then each variant gets the boundary group (every request
 crosses context_length in its last verify; `--soak N` sets how many). Per variant: requests
 completed / failed (error text from the log), output tok/s, accept length, ITL p50/p99, wall
-time, GPU memory after start and at peak, page_table bytes; one JSON line each (--jsonl) and a
-table. Exit 0 only if every fixed variant completes every request and the pristine run
+time, GPU memory after start and at peak, page_table bytes; one JSON line each (--output-file,
+bench_serving's flag; --jsonl is the old name) and a table. The control group's figures carry
+bench_serving's names and meanings: ``output_throughput_per_rep`` holds each rep's
+``output_throughput`` (output tokens / that rep's duration); ``output_throughput_median`` is the
+median over the reps (not one run's figure, so not called ``output_throughput``). Each row also
+records the sglang version, this tool's version and git commit, the UTC date and, with
+``--server``, the server's ``/server_info`` (``server_info``, as bench_serving stores it). Exit 0
+only if every fixed variant completes every request and the pristine run
 reproduces the crash.
 
     python benchmark/dsa_eagle_long_gen.py [--variants none,plugin,apply] [--server] [--soak 64]
@@ -32,7 +38,6 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -44,6 +49,20 @@ import threading
 import time
 from pathlib import Path
 
+from bench_common import (
+    BENCH_SERVING,
+    add_disable_tqdm_argument,
+    add_output_file_argument,
+    append_jsonl,
+    install_plugin,
+    jsonl_row,
+    per_rep_throughput,
+    plot,
+    pooled,
+    ratio_summary,
+    run_metadata,
+    tqdm_disabled,
+)
 from long_gen_worker import (
     add_engine_arguments,
     draft_tokens,
@@ -51,7 +70,6 @@ from long_gen_worker import (
     variant_env,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("long_gen_worker.py")
 
 # What the plugin logs in a scheduler once it widened the buffer (sglang_dsa_fix/plugin.py):
@@ -107,8 +125,12 @@ class GpuMemory:
             self.process.kill()
 
 
-def progress(description: str, total: float):
-    """A tqdm bar in seconds (sglang depends on tqdm, so it is there); a no-op without tqdm."""
+def progress(description: str, total: float, disable: bool = False):
+    """A tqdm bar in seconds (sglang depends on tqdm, so it is there); a no-op without tqdm, with
+    --disable-tqdm, or when stderr is not a terminal (tqdm would write a carriage-return line
+    every mininterval into the log)."""
+    if tqdm_disabled(disable):
+        return contextlib.nullcontext(None)
     try:
         from tqdm import tqdm
     except ImportError:
@@ -168,7 +190,7 @@ class Variant:
         progress bar (seconds against the timeout) shows on stderr while it waits."""
         began = time.time()
         deadline = began + timeout
-        with progress(f"[{self.name}] {what}", timeout) as bar:
+        with progress(f"[{self.name}] {what}", timeout, self.args.disable_tqdm) as bar:
             return self._wait(done, deadline, lambda: bar and bar.update(round(time.time() - began) - bar.n))
 
     def _wait(self, done, deadline: float, tick) -> bool:
@@ -213,34 +235,6 @@ class Variant:
         self.wall_s = time.perf_counter() - self.began
 
 
-def install_entry_point(site: Path, dist: str, version: str, sources: list, entry_points: str) -> None:
-    """Make ``site`` hold a package with an ``sglang.srt.plugins`` entry point, as pip would,
-    without building anything: the GPU host has no index, and building in the checkout would
-    leave python/sglang_dsa_fix.egg-info there, whose entry point would reach every variant."""
-    site.mkdir(parents=True, exist_ok=True)
-    for source in sources:
-        if source.is_dir():
-            shutil.copytree(source, site / source.name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, site / source.name)
-    info = site / f"{dist}-{version}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-    (info / "entry_points.txt").write_text(f"[sglang.srt.plugins]\n{entry_points}\n")
-
-
-def install_plugin(site: Path) -> None:
-    from sglang_dsa_fix import __version__, plugin
-
-    install_entry_point(
-        site,
-        "sglang_dsa_fix",
-        __version__,
-        [REPO / "python" / "sglang_dsa_fix"],
-        f"{plugin.ENTRY_POINT_NAMES[0]} = sglang_dsa_fix.plugin:register",
-    )
-
-
 def prepare_variant(variant: str, work: Path) -> dict:
     """Environment for a variant's process: PYTHONPATH with a patched copy or the plugin."""
     from sglang_dsa_fix import source_patch, tree
@@ -272,17 +266,21 @@ def page_table_bytes(args) -> dict:
     """Per variant, the target-verify graph buffer, max_bs * D rows x width x 4 B; widths as
     `status` reads them from the installed sglang (pristine: its own width expression; fixed:
     req_to_token's)."""
-    from sglang_dsa_fix import status, width
+    from sglang_dsa_fix import sites, status, width
+    from sglang_dsa_fix import tree as trees
 
     D = draft_tokens(args)
     spec = width.SpecShape(args.context_length, D, args.speculative_num_steps, page_size=64)
-    report = status.collect(None, spec)
-    pristine = next(b for b in report["bugs"] if b["bug"] == "page_table").get("shape", {})
+    # The configuration as `sglang-dsa-fix status --context-length ...` builds it (cli.py).
+    version = sites.arithmetic_version(trees.find_tree(None))[0]
+    report = status.collect(None, status.static_configuration(spec, version))
+    page_table = next(b for b in report["bugs"] if b["bug"] == "page_table")
+    pristine = page_table.get("at_configuration") or {}
     fixed_pool = args.context_length + width.fixed_row_extra(report["sglang_version"], spec)
     rows = args.concurrency * D
     # "none" only where the tree is pristine (with a fix live, status reports the fixed width).
     return {
-        "none": rows * pristine.get("graph_page_table_width", 0) * 4,
+        "none": rows * (pristine.get("graph_page_table_width") or 0) * 4,
         "apply": rows * fixed_pool * 4,
         "plugin": rows * fixed_pool * 4,
     }
@@ -317,7 +315,7 @@ def run_all(names, args, work: Path):
                     f"control {rep}", lambda r, rep=rep: len(r.get("control", [])) > rep, memory
                 )
             rates = ", ".join(
-                f"{v.name} {v.result()['control'][rep]['output_tok_per_s']:.0f}"
+                f"{v.name} {v.result()['control'][rep]['output_throughput']:.0f}"
                 for v in variants
                 if len(v.result().get("control", [])) > rep
             )
@@ -335,7 +333,15 @@ def run_all(names, args, work: Path):
             variant.stop()  # no-op for those already stopped
         memory.close()
     table_bytes = page_table_bytes(args)
-    return [summarize(v, args, table_bytes[v.name]) for v in variants]
+    metadata = run_metadata()
+    return [build_row(v, args, table_bytes[v.name], metadata) for v in variants]
+
+
+def build_row(variant: Variant, args, table_bytes: int, metadata: dict | None = None) -> dict:
+    """A variant's JSONL row: provenance (bench_common.jsonl_row), the summary, server_info."""
+    result = variant.result()
+    server_info = result.get("server_info") if args.server else None
+    return jsonl_row(summarize(variant, args, table_bytes), server_info=server_info, metadata=metadata)
 
 
 def summarize(variant: Variant, args, table_bytes: int) -> dict:
@@ -349,7 +355,7 @@ def summarize(variant: Variant, args, table_bytes: int) -> dict:
         "timed_out": args.soak,
     }
     control = result.get("control") or []
-    rates = [c["output_tok_per_s"] for c in control]
+    rates = [c["output_throughput"] for c in control]
     accept = [c["accept_length"] for c in control if c["accept_length"] is not None]
     itl = result.get("control_itl_ms") or {"p50": None, "p99": None}
     return {
@@ -365,46 +371,25 @@ def summarize(variant: Variant, args, table_bytes: int) -> dict:
         "boundary_failed": boundary["failed"],
         "boundary_prompt_len": result.get("boundary_prompt_len"),
         "boundary_max_new": result.get("boundary_max_new"),
-        "boundary_tok_per_s": boundary.get("output_tok_per_s"),
+        # bench_serving's output_throughput of the boundary run (was boundary_tok_per_s)
+        "boundary_output_throughput": boundary.get("output_throughput"),
         "control_reps": len(control),
         "control_completed": sum(c["completed"] for c in control),
         "control_failed": sum(c["failed"] for c in control),
-        # bench_serving's names (python -m sglang.bench_serving) for the control group's figures:
+        # bench_serving's names and meanings (sglang.benchmark.serving) for the control group:
+        # each rep is one run, its output_throughput = its output tokens / its duration.
         "output_throughput_per_rep": rates,
-        "output_throughput": statistics.median(rates) if rates else None,  # median over reps
+        "total_output_tokens_per_rep": [c["total_output_tokens"] for c in control],
+        "duration_per_rep": [c["duration"] for c in control],
+        # The median over the reps: not one run's output_throughput, hence not that name (rows
+        # before this change held it as "output_throughput").
+        "output_throughput_median": statistics.median(rates) if rates else None,
         "accept_length": statistics.mean(accept) if accept else None,
         "median_itl_ms": itl["p50"],
         "p99_itl_ms": itl["p99"],
         "gpu_mem_after_start_mib": variant.start_mib,
         "peak_gpu_mem_mib": variant.peak_mib,
         "page_table_bytes_computed": table_bytes,
-    }
-
-
-def per_rep_throughput(row) -> list:
-    """Control tok/s per rep; also from JSONL written before the bench_serving names."""
-    return row.get("output_throughput_per_rep", row.get("control_tok_per_s")) or []
-
-
-def bootstrap_median_ci(values, reps: int = 10000, seed: int = 0, level: float = 0.95):
-    """Percentile bootstrap interval of the median (seeded: the same data gives the same interval)."""
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
-    tail = (1 - level) / 2
-    return medians[int(tail * reps)], medians[int((1 - tail) * reps) - 1]
-
-
-def ratio_summary(pairs) -> dict:
-    """fixed / pristine tok/s over (fixed, pristine) pairs of reps."""
-    ratios = [f / p for f, p in pairs]
-    deciles = statistics.quantiles(ratios, n=10, method="inclusive") if len(ratios) > 1 else ratios * 9
-    return {
-        "per_rep": ratios,
-        "median": statistics.median(ratios),
-        "p10": deciles[0],
-        "p90": deciles[8],
-        "median_ci95": list(bootstrap_median_ci(ratios)),
-        "of_medians": statistics.median(f for f, _ in pairs) / statistics.median(p for _, p in pairs),
     }
 
 
@@ -422,8 +407,6 @@ def write_plot(jsonl: Path, rows) -> None:
     """Per-rep tok/s per variant and the fixed/pristine ratios, PNG next to the JSONL (this run's
     rows only); skipped where matplotlib is missing: then
     ``python benchmark/long_gen_report.py JSONL --plot PNG`` draws it anywhere."""
-    from long_gen_report import plot, pooled
-
     runs = [(jsonl.name, {r["variant"]: r for r in rows})]
     png = jsonl.with_suffix(".png")
     try:
@@ -434,13 +417,37 @@ def write_plot(jsonl: Path, rows) -> None:
     print(f"plot: {png}")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="none,plugin", help="none, apply, plugin (comma list)")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=f"Figures and --output-file rows follow sglang's serving benchmark: {BENCH_SERVING}.",
+    )
+    parser.add_argument(
+        "--variants",
+        default="none,plugin",
+        help="comma list of none (installed sglang as is), apply (in-tree patch on a copy), "
+        "plugin (this package's plugin); default none,plugin",
+    )
     add_engine_arguments(parser)
-    parser.add_argument("--control-reps", type=int, default=10)
-    parser.add_argument("--jsonl", help="append one JSON line per variant to this file")
+    parser.add_argument(
+        "--control-reps",
+        type=int,
+        default=10,
+        help="control-group reps per variant, alternated between the engines ABBA (default 10)",
+    )
+    add_output_file_argument(
+        parser,
+        "--jsonl",
+        what="variant",
+        extra="; also draws the per-rep plot as FILE with .png for .jsonl where matplotlib is installed",
+    )
     parser.add_argument("--work-dir", help="keep logs here (default: a temporary directory)")
+    add_disable_tqdm_argument(parser)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -468,7 +475,7 @@ def main(argv=None) -> int:
         f"{'ITL p50/p99 ms':>15} {'MiB start/peak':>14} {'page_table B':>12}  crash"
     )
     for r in rows:
-        median = r["output_throughput"]
+        median = r["output_throughput_median"]
         itl = f"{r['median_itl_ms']:.2f}/{r['p99_itl_ms']:.2f}" if r["median_itl_ms"] is not None else "-"
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] is not None else "-"
         mem = f"{r['gpu_mem_after_start_mib']}/{r['peak_gpu_mem_mib']}"
@@ -490,11 +497,9 @@ def main(argv=None) -> int:
                 f"{ratio['median_ci95'][0]:.3f} - {ratio['median_ci95'][1]:.3f}], ratio of medians "
                 f"{ratio['of_medians']:.3f} (target >= 0.99)"
             )
-    if args.jsonl:
-        with open(args.jsonl, "a") as handle:
-            for r in rows:
-                handle.write(json.dumps(r) + "\n")
-        write_plot(Path(args.jsonl), rows)
+    if args.output_file:
+        append_jsonl(args.output_file, rows)
+        write_plot(Path(args.output_file), rows)
     pristine = [r for r in rows if r["variant"] == "none"]
     fixed = [r for r in rows if r["variant"] != "none"]
     ok = all(

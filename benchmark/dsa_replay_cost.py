@@ -5,20 +5,22 @@ The fix makes the graph page_table ``req_to_token.shape[1]`` wide instead of
 below the boundary where both work. The real backend's ``init_forward_metadata_out_graph``
 (what the cuda-graph runner calls before each ``graph.replay()``) is timed with CUDA events
 and with the host clock, pristine and fixed interleaved (A B A B ...) over rotated inputs,
-after a warm-up; kernel launches per update are counted with torch.profiler.
+after a warm-up; kernel launches per update are counted with torch.profiler. ``--output-file``
+(bench_serving's flag; ``--json`` is the old name) appends the result as one JSON line with the
+sglang version, this tool's version and git commit and the UTC date. torch and sglang are
+imported after the arguments are parsed: ``--help`` needs neither.
 
-    python benchmark/dsa_replay_cost.py [--context-length 163840] [--iters 400] [--json FILE]
+    python benchmark/dsa_replay_cost.py [--context-length 163840] [--iters 400] [--output-file FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
-import torch  # noqa: E402
+from bench_common import add_output_file_argument, append_jsonl, jsonl_row
 
 
 def quantiles(values):
@@ -27,6 +29,7 @@ def quantiles(values):
 
 
 def count_launches(update) -> int:
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -35,17 +38,32 @@ def count_launches(update) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--context-length", type=int, default=163840)
-    parser.add_argument("--speculative-num-draft-tokens", type=int, default=5)
-    parser.add_argument("--page-size", type=int, default=64)
-    parser.add_argument("--bs", type=int, default=8)
+    parser.add_argument(
+        "--context-length", type=int, default=163840, help="the model's context_length (default 163840)"
+    )
+    parser.add_argument(
+        "--speculative-num-draft-tokens", type=int, default=5, help="D, draft tokens per verify (default 5)"
+    )
+    parser.add_argument("--page-size", type=int, default=64, help="KV page size (default 64)")
+    parser.add_argument("--bs", type=int, default=8, help="batch size of the captured graph (default 8)")
     parser.add_argument("--iters", type=int, default=400, help="timed updates per variant (>= 200)")
-    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument(
+        "--warmup", type=int, default=50, help="untimed updates per variant first (default 50)"
+    )
     parser.add_argument("--rotate", type=int, default=16, help="distinct input batches cycled")
-    parser.add_argument("--json", help="append the result as one JSON line to this file")
-    args = parser.parse_args(argv)
+    add_output_file_argument(parser, "--json", what="run")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("dsa_replay_cost: needs torch with a CUDA device", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("dsa_replay_cost: needs a CUDA device", file=sys.stderr)
         return 2
@@ -100,19 +118,21 @@ def main(argv=None) -> int:
 
     ratios_gpu = [f / p for f, p in zip(gpu_ms["fixed"], gpu_ms["pristine"])]
     ratios_host = [f / p for f, p in zip(host_us["fixed"], host_us["pristine"])]
-    result = {
-        "benchmark": "dsa_replay_cost",
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "sglang": __import__("sglang").__version__,
-        "context_length": case.context_length,
-        "speculative_num_draft_tokens": case.num_draft_tokens,
-        "page_size": case.page_size,
-        "bs": bs,
-        "iters": args.iters,
-        "warmup": args.warmup,
-        "rotated_inputs": args.rotate,
-    }
+    result = jsonl_row(
+        {
+            "benchmark": "dsa_replay_cost",
+            "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "sglang": __import__("sglang").__version__,
+            "context_length": case.context_length,
+            "speculative_num_draft_tokens": case.num_draft_tokens,
+            "page_size": case.page_size,
+            "bs": bs,
+            "iters": args.iters,
+            "warmup": args.warmup,
+            "rotated_inputs": args.rotate,
+        }
+    )
     for name, session in sessions.items():
         table = width.graph_page_table(session.backend)
         result[name] = {
@@ -152,9 +172,8 @@ def main(argv=None) -> int:
         f"{rg['p95']:.4f}], host {rh['median']:.4f} [{rh['p5']:.4f}, {rh['p95']:.4f}]; "
         f"page_table +{result['page_table_bytes_difference']} bytes"
     )
-    if args.json:
-        with open(args.json, "a") as handle:
-            handle.write(json.dumps(result) + "\n")
+    if args.output_file:
+        append_jsonl(args.output_file, [result])
     return 0
 
 

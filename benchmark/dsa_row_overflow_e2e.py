@@ -12,7 +12,10 @@ row's first columns; it does not depend on any fix. Variants, each in its own pr
   apply      the in-tree patch of both bugs, on a copy
 
 With ``--server`` the plugin variant runs under ``launch_server`` instead, and the run also
-reads ``/server_info`` and ``sglang-dsa-fix status --url`` from it.
+reads ``/server_info`` (stored whole as the row's ``server_info``, as bench_serving does) and
+``sglang-dsa-fix status --url`` from it. One JSON line per variant (``--output-file``, bench_serving's
+flag; ``--jsonl`` is the old name), each with the sglang version, this tool's version and git
+commit and the UTC date.
 
 ``--case llama-ngram-page1`` is the same two-request run on the case that needs no draft model and
 no DSA, for releases past 0.5.16 (their row is wide enough at page > 1 only): a tiny dummy-weight
@@ -38,13 +41,19 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from dsa_eagle_long_gen import install_entry_point, install_plugin
+from bench_common import (
+    REPO,
+    add_output_file_argument,
+    append_jsonl,
+    fetch_server_info,
+    install_entry_point,
+    install_plugin,
+    jsonl_row,
+    run_metadata,
+)
 from long_gen_worker import ServerClient, dummy_model_kwargs, engine_kwargs, variant_env, write_model
+from row_observer import observe
 
-from sglang_dsa_fix import source_patch
-from sglang_dsa_fix import tree as trees
-
-REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("bug1_only", "plugin", "apply")
 CASES = ("dsa-eagle", "llama-ngram-page1")
 LLAMA_CONFIG = Path(__file__).with_name("tiny_llama_model.json")
@@ -52,6 +61,9 @@ LLAMA_CONFIG = Path(__file__).with_name("tiny_llama_model.json")
 
 def prepare(variant: str, work: Path) -> dict:
     """PYTHONPATH for a variant; the observer plugin is on it for every variant."""
+    from sglang_dsa_fix import source_patch
+    from sglang_dsa_fix import tree as trees
+
     observer = work / "observer-site"
     if not observer.exists():
         install_entry_point(
@@ -132,9 +144,10 @@ def worker(args) -> int:
             base = f"http://127.0.0.1:{args.port}"
             body = {"input_ids": prompts, "sampling_params": params}  # one batch: both run together
             results = requests.post(f"{base}/generate", json=body, timeout=args.generate_timeout).json()
-            info = requests.get(f"{base}/server_info", timeout=10).json()
+            info = fetch_server_info(base)
+            out["server_info"] = info  # whole, as bench_serving stores it
             out["server_info_sglang_dsa_fix"] = [
-                s.get("sglang_dsa_fix") for s in info.get("internal_states", [])
+                s.get("sglang_dsa_fix") for s in (info or {}).get("internal_states", [])
             ]
             status = subprocess.run(
                 [sys.executable, "-m", "sglang_dsa_fix", "status", "--url", base],
@@ -168,33 +181,69 @@ def worker(args) -> int:
     return 0
 
 
-def observe(log: Path) -> dict:
-    lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-    writes = [w for line in lines for w in line["writes"]]
-    return {
-        "row_writes": len(writes),
-        "row_width": lines[0]["width"] if lines else None,
-        "furthest_end": max((w["end"] for w in writes), default=None),
-        "past_row_end": [p for line in lines for p in line["past_row_end"]],
-        "neighbour_changed": [c for line in lines for c in line["neighbour_changed"]],
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma list of {', '.join(VARIANTS)} (default: all, in that order)",
+    )
+    parser.add_argument(
+        "--context-length", type=int, default=256, help="the engine's context_length (default 256)"
+    )
+    parser.add_argument(
+        "--speculative-num-steps",
+        type=int,
+        default=7,
+        help="EAGLE steps of the dsa-eagle case, topk 1, D = steps + 1 (default 7)",
+    )
+    parser.add_argument("--case", choices=CASES, default=CASES[0], help="model and speculative algorithm")
+    parser.add_argument(
+        "--server", action="store_true", help="run the plugin variant under launch_server (dsa-eagle case)"
+    )
+    parser.add_argument("--port", type=int, default=30123, help="--server: the server's port (default 30123)")
+    parser.add_argument(
+        "--start-timeout", type=float, default=420, help="--server: seconds for the server to get healthy"
+    )
+    parser.add_argument(
+        "--generate-timeout", type=float, default=300, help="--server: seconds for the /generate request"
+    )
+    parser.add_argument(
+        "--variant-timeout", type=float, default=540, help="seconds for one variant's whole process"
+    )
+    add_output_file_argument(parser, "--jsonl", what="variant")
+    parser.add_argument("--logs", help="directory for the variants' logs (default: a temp dir)")
+    parser.add_argument(
+        "--worker", metavar="VARIANT", help="internal: run one variant in this process (the parent passes it)"
+    )
+    parser.add_argument(
+        "--model-dir", help="internal, with --worker: where to write the tiny model's config.json"
+    )
+    return parser
+
+
+def build_row(variant: str, args, server: bool, rc, wall_s: float, result: dict, logs: Path, metadata=None):
+    """A variant's JSONL row: provenance and, for the variant under launch_server, its whole
+    /server_info (bench_common.jsonl_row), then the worker's result and the observer's log."""
+    result = dict(result)
+    server_info = result.pop("server_info", None)
+    fields = {
+        "variant": variant,
+        "case": args.case,
+        "server": server,
+        "rc": rc,
+        "wall_s": wall_s,
+        **result,
+        **observe(logs / f"{variant}.rows.jsonl"),
     }
+    log = logs / f"{variant}.log"
+    log_text = log.read_text(errors="replace") if log.exists() else ""
+    fields["plugin_lines"] = [x.strip() for x in log_text.splitlines() if "sglang-dsa-fix" in x][:6]
+    return jsonl_row(fields, server_info=server_info if server else None, metadata=metadata)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--context-length", type=int, default=256)
-    parser.add_argument("--speculative-num-steps", type=int, default=7)
-    parser.add_argument("--case", choices=CASES, default=CASES[0], help="model and speculative algorithm")
-    parser.add_argument("--server", action="store_true", help="plugin variant under launch_server")
-    parser.add_argument("--port", type=int, default=30123)
-    parser.add_argument("--start-timeout", type=float, default=420)
-    parser.add_argument("--generate-timeout", type=float, default=300)
-    parser.add_argument("--variant-timeout", type=float, default=540)
-    parser.add_argument("--jsonl", help="append one JSON line per variant")
-    parser.add_argument("--logs", help="directory for the variants' logs (default: a temp dir)")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -207,6 +256,7 @@ def main(argv=None) -> int:
     logs = Path(args.logs) if args.logs else work
     logs.mkdir(parents=True, exist_ok=True)
     rows = []
+    metadata = run_metadata()
     for variant in variants:
         env = {
             **os.environ,
@@ -246,22 +296,12 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired as exc:
                 stdout, rc = exc.stdout or "", "timeout"
         result = next((json.loads(x[7:]) for x in (stdout or "").splitlines() if x.startswith("RESULT ")), {})
-        row = {
-            "variant": variant,
-            "case": args.case,
-            "server": server,
-            "rc": rc,
-            "wall_s": round(time.perf_counter() - began, 1),
-            **result,
-            **observe(logs / f"{variant}.rows.jsonl"),
-        }
-        log_text = (logs / f"{variant}.log").read_text(errors="replace")
-        row["plugin_lines"] = [x.strip() for x in log_text.splitlines() if "sglang-dsa-fix" in x][:6]
+        wall_s = round(time.perf_counter() - began, 1)
+        row = build_row(variant, args, server, rc, wall_s, result, logs, metadata)
         rows.append(row)
-        print(json.dumps(row), flush=True)
-        if args.jsonl:
-            with open(args.jsonl, "a") as handle:
-                handle.write(json.dumps(row) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k != "server_info"}), flush=True)
+        if args.output_file:
+            append_jsonl(args.output_file, [row])
     return verdict(rows)
 
 

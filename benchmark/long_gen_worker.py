@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_common import fetch_server_info, itl_percentiles, output_throughput
+
 MODEL_CONFIG = Path(__file__).with_name("tiny_dsa_model.json")
 
 
@@ -152,6 +154,10 @@ class ServerClient:
             time.sleep(1)
         raise RuntimeError("launch_server did not become healthy in time")
 
+    def server_info(self):
+        """The server's /server_info JSON (None if it cannot be read), as bench_serving records it."""
+        return fetch_server_info(f"http://127.0.0.1:{self.port}")
+
     def _post(self, input_ids, params):
         times, meta = [], {}
         body = {"input_ids": input_ids, "sampling_params": params, "stream": True}
@@ -202,9 +208,11 @@ async def run_group(client, requests, concurrency: int, timeout: float) -> dict:
         "failed": len(requests) - len(finished),
         "timed_out": len(pending),
         "request_errors": sorted({o["error"] for o in outcomes if o["error"]})[:3],
-        "wall_s": wall,
-        "output_tokens": tokens,
-        "output_tok_per_s": tokens / wall if wall else 0.0,
+        # bench_serving's names and meanings: output tokens of the completed requests over this
+        # run's duration (first request sent to the last one done, or to the phase timeout).
+        "duration": wall,
+        "total_output_tokens": tokens,
+        "output_throughput": output_throughput(tokens, wall),
         "accept_length": statistics.mean(accept) if accept else None,
         "gaps": gaps,  # inter-token intervals, pooled over the control reps by the worker
     }
@@ -229,6 +237,10 @@ def worker(args) -> int:
     loop = asyncio.get_event_loop()  # the loop sglang.Engine's tokenizer manager runs on
     loop.run_until_complete(run_group(client, make_requests(2, 16, 8, 0), 2, args.phase_timeout))  # warm-up
     result.update(start_s=time.perf_counter() - t0, ready=True, control=[])
+    # Where a server is used, its /server_info after each phase, as bench_serving records it after
+    # its run (None in Engine mode: no server). The last one read is kept: a scheduler that died in
+    # the boundary phase leaves the control phases' copy.
+    result["server_info"] = client.server_info() if args.server else None
     save()
     gaps = []
     for line in iter(sys.stdin.readline, ""):  # one command per line, as the parent sends it
@@ -239,6 +251,8 @@ def worker(args) -> int:
             gaps += summary.pop("gaps")
             result["control"].append(summary)
             result["control_itl_ms"] = itl_percentiles(gaps)
+            if args.server:
+                result["server_info"] = client.server_info() or result["server_info"]
             save()
         elif command[:1] == ["boundary"]:
             prompt, max_new = boundary_lengths(args.context_length, D)
@@ -252,17 +266,13 @@ def worker(args) -> int:
             summary = loop.run_until_complete(run_group(client, reqs, args.concurrency, args.phase_timeout))
             summary.pop("gaps")
             result["boundary"] = summary
+            if args.server:
+                result["server_info"] = client.server_info() or result["server_info"]
             save()
         else:
             break
     print(f"[{args.worker}] done", file=sys.stderr, flush=True)
     os._exit(0)  # the parent tears the engine's process group down
-
-
-def itl_percentiles(gaps) -> dict:
-    if len(gaps) < 2:
-        return {"p50": None, "p99": None}
-    return {"p50": 1e3 * statistics.median(gaps), "p99": 1e3 * statistics.quantiles(gaps, n=100)[98]}
 
 
 ENGINE_FLAGS = (
@@ -281,19 +291,50 @@ ENGINE_FLAGS = (
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags the parent forwards to each worker (sglang's spellings where sglang has one)."""
-    parser.add_argument("--server", action="store_true", help="launch_server + HTTP /generate")
-    parser.add_argument("--context-length", type=int, default=512)
-    parser.add_argument("--speculative-num-steps", type=int, default=4, help="D = steps + 1")
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help="run each engine as python -m sglang.launch_server and send HTTP /generate "
+        "(default: sglang.Engine in the worker process)",
+    )
+    parser.add_argument(
+        "--context-length", type=int, default=512, help="the engine's context_length (default 512)"
+    )
+    parser.add_argument(
+        "--speculative-num-steps",
+        type=int,
+        default=4,
+        help="EAGLE steps, topk 1; D = speculative_num_draft_tokens = steps + 1 (default 4)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        help="requests in flight at once; also the engine's max_running_requests and "
+        "cuda_graph_max_bs_decode (default 4)",
+    )
     parser.add_argument("--tp-size", type=int, default=1, help="tensor parallel size (GPUs per engine)")
     parser.add_argument(
         "--dp-size", type=int, default=1, help="data parallel size (with --enable-dp-attention)"
     )
-    parser.add_argument("--enable-dp-attention", action="store_true")
-    parser.add_argument("--soak", type=int, default=64, help="boundary-crossing requests")
-    parser.add_argument("--control-requests", type=int, default=32)
-    parser.add_argument("--control-max-new", type=int, default=192)
-    parser.add_argument("--phase-timeout", type=float, default=90, help="seconds per phase")
+    parser.add_argument(
+        "--enable-dp-attention", action="store_true", help="sglang's --enable-dp-attention (with --dp-size)"
+    )
+    parser.add_argument(
+        "--soak", type=int, default=64, help="boundary-crossing requests of the boundary phase (default 64)"
+    )
+    parser.add_argument(
+        "--control-requests", type=int, default=32, help="requests per control rep (default 32)"
+    )
+    parser.add_argument(
+        "--control-max-new",
+        type=int,
+        default=192,
+        help="max_new_tokens of a control request, far below context_length (default 192)",
+    )
+    parser.add_argument(
+        "--phase-timeout", type=float, default=90, help="seconds per phase (control rep or boundary)"
+    )
     parser.add_argument(
         "--start-timeout",
         type=float,
@@ -311,13 +352,19 @@ def forward_args(args, port: int) -> list:
     return out + ["--server"] * args.server + ["--enable-dp-attention"] * args.enable_dp_attention
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="one variant of dsa_eagle_long_gen.py (started by it)")
     add_engine_arguments(parser)
-    parser.add_argument("--worker", required=True, help="the variant's name")
+    parser.add_argument("--worker", required=True, help="the variant's name (none, apply, plugin)")
     parser.add_argument("--result", required=True, help="JSON file the parent reads")
-    parser.add_argument("--model-dir", required=True)
-    return worker(parser.parse_args(argv))
+    parser.add_argument(
+        "--model-dir", required=True, help="where to write the tiny dummy-weight model's config.json"
+    )
+    return parser
+
+
+def main(argv=None) -> int:
+    return worker(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -4,12 +4,20 @@ It does not depend on any fix: an AROUND hook on ``assign_req_to_token_pool_func
 0.5.15 ``speculative/spec_utils.py``, 0.5.16+ ``mem_cache/allocation.py``) records, per call and
 per request row, the row width, the [start, end) written, and whether the first columns of the
 next row changed across the call. One JSON line per call to ``$ROW_OBSERVER_LOG``.
+
+``dsa_row_overflow_e2e.py`` installs it (alone: it imports nothing from benchmark/) and reads the
+log with ``observe``; run as a script, it summarizes a log:
+
+    python benchmark/row_observer.py VARIANT.rows.jsonl
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
+from pathlib import Path
 
 
 def _hook(original, req_pool_indices, req_to_token, start, end, out_cache_loc, batch_size, *rest):
@@ -43,3 +51,32 @@ def register() -> None:
 
     module = writer_module()
     HookRegistry.register(f"{module.__name__}.assign_req_to_token_pool_func", _hook, HookType.AROUND)
+
+
+def observe(log: Path) -> dict:
+    """A log's summary: writes, row width, furthest end, writes past the row end, changed neighbours."""
+    lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    writes = [w for line in lines for w in line["writes"]]
+    return {
+        "row_writes": len(writes),
+        "row_width": lines[0]["width"] if lines else None,
+        "furthest_end": max((w["end"] for w in writes), default=None),
+        "past_row_end": [p for line in lines for p in line["past_row_end"]],
+        "neighbour_changed": [c for line in lines for c in line["neighbour_changed"]],
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log", type=Path, help="an observer log ($ROW_OBSERVER_LOG) to summarize as JSON")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    print(json.dumps(observe(args.log), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

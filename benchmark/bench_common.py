@@ -1,0 +1,294 @@
+"""Helpers the benchmarks in benchmark/ share; run alone, it prints a JSONL row's provenance.
+
+The JSONL row's provenance, bench_serving's figures, the --output-file flag, the progress-bar
+policy, the paired-ratio statistics and plot, and the plugin install.
+
+One module that the scripts import and that imports none of them (no import circle); stdlib only
+at import time, so every script's ``--help`` works without torch or sglang. Run it to print the
+provenance fields a row gets here (sglang and this tool's versions, git commit, UTC date):
+
+    python benchmark/bench_common.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# sglang's serving benchmark ("bench_serving" below). It lives in sglang/benchmark/serving.py: in
+# 0.5.23 `python -m sglang.bench_serving` still runs but warns (FutureWarning: "`sglang.bench_serving`
+# is deprecated and will be removed in a future release; use `sglang.benchmark.serving` instead");
+# releases from before the move have only the old module. The JSONL fields below follow its names
+# and meanings (0.5.23: --output-file, --disable-tqdm, output_throughput, server_info).
+BENCH_SERVING = (
+    "python -m sglang.benchmark.serving (sglang 0.5.23 deprecates python -m sglang.bench_serving "
+    "with a FutureWarning; older releases have only that)"
+)
+
+
+# ---------------------------------------------------------------------------- row provenance
+def sglang_version():
+    """The sglang version as pip reports it, read from the installed files without importing
+    sglang (``sglang_dsa_fix.tree``); None where sglang (or this package) is not importable."""
+    try:
+        from sglang_dsa_fix import tree
+
+        return tree.find_tree(None).version
+    except Exception:  # noqa: BLE001 - ToolError (no sglang), ImportError (no sglang_dsa_fix)
+        return None
+
+
+def tool_version():
+    """``sglang_dsa_fix.__version__``; None where the package is not importable."""
+    try:
+        from sglang_dsa_fix import __version__
+    except ImportError:
+        return None
+    return __version__
+
+
+def git_commit(repo: Path = REPO):
+    """``git rev-parse HEAD`` of the checkout the benchmark runs from; None without git or
+    outside a git checkout (an unpacked bundle on a GPU host)."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = done.stdout.strip()
+    return commit if done.returncode == 0 and commit else None
+
+
+def utc_now_iso(now: datetime.datetime | None = None) -> str:
+    """The date as ISO 8601 in UTC, e.g. 2026-05-01T12:34:56+00:00."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return now.astimezone(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_metadata(now: datetime.datetime | None = None, repo: Path = REPO) -> dict:
+    """The provenance every JSONL row carries."""
+    return {
+        "sglang_version": sglang_version(),
+        "sglang_dsa_fix_version": tool_version(),
+        "git_commit": git_commit(repo),
+        "date": utc_now_iso(now),
+    }
+
+
+NO_SERVER = object()
+
+
+def jsonl_row(fields: dict, server_info=NO_SERVER, metadata: dict | None = None) -> dict:
+    """One JSONL row: the provenance (``run_metadata()`` unless given), then ``fields``. Where a
+    server is used, pass its ``/server_info`` JSON (None where it could not be read): bench_serving
+    stores that whole, under ``server_info``, so does this."""
+    row = {**(run_metadata() if metadata is None else metadata), **fields}
+    if server_info is not NO_SERVER:
+        row["server_info"] = server_info
+    return row
+
+
+def fetch_server_info(base_url: str, timeout: float = 10):
+    """``GET {base_url}/server_info`` as bench_serving reads it: the JSON on 200, else None (also
+    None on a connection error or timeout, e.g. a server whose scheduler died)."""
+    import requests
+
+    try:
+        response = requests.get(base_url + "/server_info", timeout=timeout)
+    except requests.RequestException:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def append_jsonl(path, rows) -> None:
+    with open(path, "a") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
+# ---------------------------------------------------------------------------- bench_serving's figures
+def output_throughput(total_output_tokens: int, duration: float) -> float:
+    """bench_serving's ``output_throughput``: the output tokens of one run's completed requests
+    over that run's duration (first request sent to last one done), in tok/s."""
+    return total_output_tokens / duration if duration > 0 else 0.0
+
+
+def itl_percentiles(itls) -> dict:
+    """Median and p99 inter-token latency in ms, as bench_serving's ``median_itl_ms`` /
+    ``p99_itl_ms`` (numpy's default linear interpolation = statistics' "inclusive" method)."""
+    if len(itls) < 2:
+        return {"p50": None, "p99": None}
+    return {
+        "p50": 1e3 * statistics.median(itls),
+        "p99": 1e3 * statistics.quantiles(itls, n=100, method="inclusive")[98],
+    }
+
+
+# ---------------------------------------------------------------------------- flags
+def add_output_file_argument(
+    parser: argparse.ArgumentParser, *aliases: str, what: str = "run", extra: str = ""
+) -> None:
+    """``--output-file`` as bench_serving spells it (append JSONL), plus the script's old name."""
+    old = f"; {', '.join(aliases)} is the old name" if aliases else ""
+    parser.add_argument(
+        "--output-file",
+        *aliases,
+        dest="output_file",
+        metavar="FILE",
+        help=f"append one JSON line per {what} to FILE (JSONL, as bench_serving's --output-file{old}){extra}",
+    )
+
+
+def add_disable_tqdm_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--disable-tqdm",
+        action="store_true",
+        help="no progress bars (as bench_serving's --disable-tqdm); they are off anyway when "
+        "stderr is not a terminal, so a log file gets no carriage-return lines",
+    )
+
+
+def tqdm_disabled(disable_flag: bool, stream=None) -> bool:
+    """Progress bars only for a person watching: off with --disable-tqdm or when stderr (where
+    tqdm writes) is not a terminal."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(disable_flag) or not stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return True
+
+
+# ---------------------------------------------------------------------------- paired-rep statistics
+def per_rep_throughput(row) -> list:
+    """Control output_throughput per rep; also from JSONL written before the bench_serving names."""
+    return row.get("output_throughput_per_rep", row.get("control_tok_per_s")) or []
+
+
+def bootstrap_median_ci(values, reps: int = 10000, seed: int = 0, level: float = 0.95):
+    """Percentile bootstrap interval of the median (seeded: the same data gives the same interval)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
+    tail = (1 - level) / 2
+    return medians[int(tail * reps)], medians[int((1 - tail) * reps) - 1]
+
+
+def ratio_summary(pairs) -> dict:
+    """fixed / pristine tok/s over (fixed, pristine) pairs of reps."""
+    ratios = [f / p for f, p in pairs]
+    deciles = statistics.quantiles(ratios, n=10, method="inclusive") if len(ratios) > 1 else ratios * 9
+    return {
+        "per_rep": ratios,
+        "median": statistics.median(ratios),
+        "p10": deciles[0],
+        "p90": deciles[8],
+        "median_ci95": list(bootstrap_median_ci(ratios)),
+        "of_medians": statistics.median(f for f, _ in pairs) / statistics.median(p for _, p in pairs),
+    }
+
+
+def pooled(runs) -> dict:
+    """variant -> ratio_summary over every (fixed, pristine) pair of reps in every run; ``runs``
+    is a list of (label, {variant: row})."""
+    pairs = {}
+    for _, rows in runs:
+        pristine = rows.get("none")
+        for name, row in rows.items():
+            if pristine is not None and name != "none":
+                pairs.setdefault(name, []).extend(zip(per_rep_throughput(row), per_rep_throughput(pristine)))
+    return {name: ratio_summary(p) for name, p in pairs.items() if p}
+
+
+def plot(runs, summaries, out: Path) -> None:
+    """Per-rep tok/s per variant and the fixed/pristine ratios as a PNG (ImportError without
+    matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    offset = 0
+    for label, rows in runs:
+        for name, row in rows.items():
+            rates = per_rep_throughput(row)
+            top.plot(range(offset, offset + len(rates)), rates, marker="o", label=f"{name} ({label})")
+        n = max((len(per_rep_throughput(r)) for r in rows.values()), default=0)
+        offset += n
+    top.set_ylabel("control output tok/s")
+    top.legend(fontsize=7)
+    position = 0
+    for name, summary in summaries.items():
+        ratios = summary["per_rep"]
+        bottom.plot(range(position, position + len(ratios)), ratios, marker="s", label=f"{name} / none")
+        low, high = summary["median_ci95"]
+        bottom.axhspan(low, high, alpha=0.15, label=f"bootstrap 95 % CI of the median {low:.3f} - {high:.3f}")
+        bottom.axhline(summary["median"], linestyle="--", label=f"median {summary['median']:.3f}")
+    bottom.axhline(1.0, color="black", linewidth=0.8)
+    bottom.set_ylabel("fixed / pristine")
+    bottom.set_xlabel("control rep (runs laid end to end)")
+    bottom.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+# ---------------------------------------------------------------------------- plugin install
+def install_entry_point(site: Path, dist: str, version: str, sources: list, entry_points: str) -> None:
+    """Make ``site`` hold a package with an ``sglang.srt.plugins`` entry point, as pip would,
+    without building anything: the GPU host has no index, and building in the checkout would
+    leave python/sglang_dsa_fix.egg-info there, whose entry point would reach every variant."""
+    site.mkdir(parents=True, exist_ok=True)
+    for source in sources:
+        if source.is_dir():
+            shutil.copytree(source, site / source.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, site / source.name)
+    info = site / f"{dist}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[sglang.srt.plugins]\n{entry_points}\n")
+
+
+def install_plugin(site: Path) -> None:
+    """This checkout's sglang_dsa_fix with its plugin entry point, into ``site``."""
+    from sglang_dsa_fix import __version__, plugin
+
+    install_entry_point(
+        site,
+        "sglang_dsa_fix",
+        __version__,
+        [REPO / "python" / "sglang_dsa_fix"],
+        f"{plugin.ENTRY_POINT_NAMES[0]} = sglang_dsa_fix.plugin:register",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+
+def main(argv=None) -> int:
+    build_parser().parse_args(argv)
+    print(json.dumps(run_metadata(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

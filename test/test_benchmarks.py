@@ -1,0 +1,352 @@
+"""The benchmark scripts' interfaces, on CPU (the benchmarks themselves run on a GPU host):
+``--help`` of every script without torch, every flag with help text, bench_serving's
+``--output-file`` / ``--disable-tqdm``, the JSONL row's provenance fields, bench_serving's
+``output_throughput``, and no import circle between the scripts."""
+
+import ast
+import asyncio
+import datetime
+import importlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARK = REPO / "benchmark"
+SCRIPTS = sorted(BENCHMARK.glob("*.py"))
+MODULES = [p.stem for p in SCRIPTS]
+
+if str(BENCHMARK) not in sys.path:
+    sys.path.insert(0, str(BENCHMARK))
+
+import bench_common  # noqa: E402
+
+import sglang_dsa_fix  # noqa: E402
+
+# Run in the torch-less interpreter: import a script by its path, build its parser, and report
+# its flags and their help texts (as argparse expands them), and whether torch got imported.
+DESCRIBE = r"""
+import argparse, importlib.util, json, os, sys
+assert importlib.util.find_spec("torch") is None, "this interpreter has torch"
+path = sys.argv[1]
+sys.path.insert(0, os.path.dirname(path))  # as `python benchmark/X.py` has it
+spec = importlib.util.spec_from_file_location("script_under_test", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+parser = module.build_parser()
+flags = []
+for action in parser._actions:
+    if isinstance(action, argparse._HelpAction):
+        continue
+    text = action.help
+    if text and text is not argparse.SUPPRESS and "%" in text:
+        text = text % dict(vars(action), prog=parser.prog)
+    flags.append({"options": action.option_strings or [action.dest], "help": text})
+print(json.dumps({"flags": flags, "heavy": sorted({"torch", "sglang"} & set(sys.modules))}))
+"""
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    """A venv with no packages at all (no torch, no tqdm, no requests)."""
+    home = tmp_path_factory.mktemp("notorch")
+    venv.create(home, with_pip=False, symlinks=True)
+    return str(home / "bin" / "python")
+
+
+def bare_run(python, *args):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PYTHONPATH"] = str(REPO / "python")  # sglang_dsa_fix, as on the GPU host
+    return subprocess.run([python, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+def squeeze(text: str) -> str:
+    return "".join(text.split())  # argparse rewraps (and may break at hyphens)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=MODULES)
+def test_help_without_torch_lists_every_flag_with_help(bare_python, script):
+    shown = bare_run(bare_python, str(script), "--help")
+    assert shown.returncode == 0, shown.stderr
+    described = bare_run(bare_python, "-c", DESCRIBE, str(script))
+    assert described.returncode == 0, described.stderr
+    report = json.loads(described.stdout)
+    assert report["heavy"] == [], f"{script.name} imports {report['heavy']} when building its parser"
+    help_text = squeeze(shown.stdout)
+    for flag in report["flags"]:
+        assert flag["help"], f"{script.name}: {flag['options']} has no help text"
+        for option in flag["options"]:
+            assert squeeze(option) in help_text, f"{script.name}: {option} missing from --help"
+        assert squeeze(flag["help"]) in help_text, f"{script.name}: help of {flag['options']} not shown"
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_each_module_imports_fresh_without_torch(bare_python, module):
+    """A fresh interpreter per module: a circle (or a torch import) shows up as a failure here."""
+    code = f"import sys; sys.path.insert(0, 'benchmark'); import {module}; print(sorted({{'torch', 'sglang'}} & set(sys.modules)))"
+    done = bare_run(bare_python, "-c", code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def local_imports(path: Path) -> set:
+    """benchmark/ modules a script imports anywhere (top level or inside functions)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names & set(MODULES)
+
+
+def test_no_import_cycle_between_scripts():
+    graph = {p.stem: local_imports(p) - {p.stem} for p in SCRIPTS}
+    assert graph["bench_common"] == set(), "bench_common must import no other script"
+    assert "long_gen_report" not in graph["dsa_eagle_long_gen"]
+    assert "dsa_eagle_long_gen" not in graph["long_gen_report"]
+    state = {}
+
+    def visit(node, trail):
+        if state.get(node) == "done":
+            return
+        assert state.get(node) != "open", "import cycle: " + " -> ".join(trail + [node])
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            visit(nxt, trail + [node])
+        state[node] = "done"
+
+    for node in graph:
+        visit(node, [])
+
+
+# ---------------------------------------------------------------------------- flags
+@pytest.mark.parametrize(
+    "module, old",
+    [("dsa_eagle_long_gen", "--jsonl"), ("dsa_row_overflow_e2e", "--jsonl"), ("dsa_replay_cost", "--json")],
+)
+def test_output_file_as_bench_serving_spells_it_and_the_old_alias(module, old):
+    parser = importlib.import_module(module).build_parser()
+    assert parser.parse_args(["--output-file", "a.jsonl"]).output_file == "a.jsonl"
+    assert parser.parse_args([old, "b.jsonl"]).output_file == "b.jsonl"
+    assert parser.parse_args([]).output_file is None
+
+
+def test_disable_tqdm_flag_and_terminal_policy():
+    parser = importlib.import_module("dsa_eagle_long_gen").build_parser()
+    assert parser.parse_args(["--disable-tqdm"]).disable_tqdm is True
+    assert parser.parse_args([]).disable_tqdm is False
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert bench_common.tqdm_disabled(False, Terminal()) is False
+    assert bench_common.tqdm_disabled(True, Terminal()) is True
+    assert bench_common.tqdm_disabled(False, io.StringIO()) is True  # a log file: no bars
+    closed = io.StringIO()
+    closed.close()
+    assert bench_common.tqdm_disabled(False, closed) is True
+
+
+def test_progress_is_a_no_op_when_stderr_is_not_a_terminal(monkeypatch):
+    long_gen = importlib.import_module("dsa_eagle_long_gen")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with long_gen.progress("x", 10) as bar:
+        assert bar is None
+    assert sys.stderr.getvalue() == ""
+
+
+# ---------------------------------------------------------------------------- row provenance
+PROVENANCE = ("sglang_version", "sglang_dsa_fix_version", "git_commit", "date")
+
+
+def check_provenance(row, now=None):
+    for key in PROVENANCE:
+        assert key in row, key
+    assert row["sglang_dsa_fix_version"] == sglang_dsa_fix.__version__
+    assert row["sglang_version"] is None or isinstance(row["sglang_version"], str)
+    commit = row["git_commit"]
+    assert commit is None or re.fullmatch(r"[0-9a-f]{40}", commit), commit
+    date = datetime.datetime.fromisoformat(row["date"])
+    assert date.utcoffset() == datetime.timedelta(0)
+    if now is not None:
+        assert abs((date - now).total_seconds()) < 120
+
+
+def test_row_builder_records_versions_commit_date_and_server_info():
+    now = datetime.datetime.now(datetime.timezone.utc)
+    row = bench_common.jsonl_row({"variant": "plugin"}, server_info={"version": "0.5.23"})
+    check_provenance(row, now)
+    assert row["variant"] == "plugin"
+    assert row["server_info"] == {"version": "0.5.23"}  # whole, as bench_serving stores it
+    from sglang_dsa_fix import tree
+
+    try:
+        expected = tree.find_tree(None).version
+    except tree.ToolError:
+        expected = None
+    assert row["sglang_version"] == expected
+    inside_git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    assert row["git_commit"] == (inside_git.stdout.strip() if inside_git.returncode == 0 else None)
+    assert "server_info" not in bench_common.jsonl_row({"benchmark": "replay"})  # no server used
+    assert bench_common.jsonl_row({}, server_info=None)["server_info"] is None  # unreadable
+
+
+def test_git_commit_is_null_outside_git_or_without_git(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert bench_common.git_commit(tmp_path) is None
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(bench_common.subprocess, "run", no_git)
+    assert bench_common.git_commit(REPO) is None
+
+
+def test_date_is_utc_iso():
+    local = datetime.datetime(2026, 5, 1, 14, 0, 0, tzinfo=datetime.timezone(datetime.timedelta(hours=2)))
+    assert bench_common.utc_now_iso(local) == "2026-05-01T12:00:00+00:00"
+
+
+def fake_variant(tmp_path, result, name="plugin"):
+    log = tmp_path / f"{name}.log"
+    log.write_text("sglang-dsa-fix: CUDA-graph page_table widened\n" if name == "plugin" else "")
+    return SimpleNamespace(
+        name=name,
+        crash=None,
+        log_path=log,
+        process=SimpleNamespace(returncode=-9),
+        wall_s=12.5,
+        start_mib=100,
+        peak_mib=200,
+        result=lambda: result,
+    )
+
+
+def long_gen_args(server):
+    return SimpleNamespace(server=server, soak=4)
+
+
+def test_long_gen_row_carries_provenance_server_info_and_bench_serving_throughput(tmp_path):
+    long_gen = importlib.import_module("dsa_eagle_long_gen")
+    control = [
+        {"completed": 8, "failed": 0, "duration": 2.0, "total_output_tokens": 1000, "accept_length": 5.0},
+        {"completed": 8, "failed": 0, "duration": 4.0, "total_output_tokens": 1000, "accept_length": 5.0},
+        {"completed": 8, "failed": 0, "duration": 5.0, "total_output_tokens": 1500, "accept_length": 4.0},
+    ]
+    for c in control:
+        c["output_throughput"] = bench_common.output_throughput(c["total_output_tokens"], c["duration"])
+    boundary = {"requests": 4, "completed": 4, "failed": 0, "duration": 2.0, "total_output_tokens": 28}
+    boundary["output_throughput"] = bench_common.output_throughput(28, 2.0)
+    result = {
+        "start_s": 30.0,
+        "control": control,
+        "control_itl_ms": {"p50": 1.0, "p99": 2.0},
+        "boundary": boundary,
+        "server_info": {"version": "0.5.23", "internal_states": [{"avg_spec_accept_length": 4.9}]},
+    }
+    now = datetime.datetime.now(datetime.timezone.utc)
+    row = long_gen.build_row(fake_variant(tmp_path, result), long_gen_args(server=True), 4096)
+    check_provenance(row, now)
+    assert row["server_info"] == result["server_info"]
+    assert row["output_throughput_per_rep"] == [500.0, 250.0, 300.0]
+    assert row["total_output_tokens_per_rep"] == [1000, 1000, 1500]
+    assert row["duration_per_rep"] == [2.0, 4.0, 5.0]
+    assert row["output_throughput_median"] == 300.0
+    assert "output_throughput" not in row  # a median over reps is not bench_serving's figure
+    assert row["boundary_output_throughput"] == 14.0
+    assert row["plugin_widened"] is True
+    engine_row = long_gen.build_row(fake_variant(tmp_path, result), long_gen_args(server=False), 4096)
+    assert engine_row["server_info"] is None  # Engine mode: no server
+
+
+def test_row_overflow_row_carries_provenance_and_server_info(tmp_path):
+    e2e = importlib.import_module("dsa_row_overflow_e2e")
+    (tmp_path / "plugin.log").write_text("sglang-dsa-fix: plugin registered\n")
+    (tmp_path / "plugin.rows.jsonl").write_text(
+        json.dumps(
+            {
+                "width": 270,
+                "writes": [{"row": 1, "start": 0, "end": 260}],
+                "past_row_end": [],
+                "neighbour_changed": [],
+            }
+        )
+        + "\n"
+    )
+    args = SimpleNamespace(case="dsa-eagle")
+    result = {"variant": "plugin", "server_info": {"version": "0.5.23"}, "requests": []}
+    row = e2e.build_row("plugin", args, True, 0, 1.0, result, tmp_path)
+    check_provenance(row)
+    assert row["server_info"] == {"version": "0.5.23"}
+    assert row["row_width"] == 270 and row["furthest_end"] == 260
+    assert row["plugin_lines"] == ["sglang-dsa-fix: plugin registered"]
+    in_process = e2e.build_row("plugin", args, False, 0, 1.0, {"variant": "plugin"}, tmp_path)
+    assert in_process["server_info"] is None
+
+
+# ---------------------------------------------------------------------------- bench_serving's figures
+def test_output_throughput_is_output_tokens_over_one_runs_duration():
+    assert bench_common.output_throughput(1000, 4.0) == 250.0
+    assert bench_common.output_throughput(0, 0.0) == 0.0
+
+
+class FakeClient:
+    """Streams a fixed number of tokens per request; one request fails."""
+
+    async def stream(self, input_ids, params):
+        await asyncio.sleep(0.01)
+        if input_ids == [0]:
+            raise RuntimeError("boom")
+        times = [1.0, 1.002, 1.004]
+        return times, {"completion_tokens": len(input_ids) * 10, "finish_reason": {"type": "length"}}
+
+
+def test_worker_run_group_reports_bench_serving_output_throughput():
+    worker = importlib.import_module("long_gen_worker")
+    requests = [([1], {}), ([1, 2], {}), ([1, 2, 3], {}), ([0], {})]
+    summary = asyncio.run(worker.run_group(FakeClient(), requests, 2, 10))
+    assert summary["completed"] == 3 and summary["failed"] == 1
+    assert summary["total_output_tokens"] == 60  # completed requests only, as bench_serving
+    assert summary["duration"] > 0
+    assert summary["output_throughput"] == summary["total_output_tokens"] / summary["duration"]
+
+
+def test_itl_percentiles_as_bench_serving_numpy_linear():
+    itls = [i / 1000 for i in range(1, 101)]  # 1 ms .. 100 ms
+    got = bench_common.itl_percentiles(itls)
+    assert got["p50"] == pytest.approx(50.5)  # np.median
+    assert got["p99"] == pytest.approx(99.01)  # np.percentile(.., 99), linear
+    assert bench_common.itl_percentiles([0.1]) == {"p50": None, "p99": None}
+
+
+def test_report_pools_new_and_old_rows(tmp_path, capsys):
+    report = importlib.import_module("long_gen_report")
+    new = tmp_path / "new.jsonl"
+    new.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in (
+                {"variant": "none", "output_throughput_per_rep": [100.0, 200.0]},
+                {"variant": "plugin", "output_throughput_per_rep": [110.0, 180.0]},
+            )
+        )
+    )
+    old = tmp_path / "old.jsonl"  # rows from before the bench_serving names
+    old.write_text(
+        json.dumps({"variant": "none", "control_tok_per_s": [100.0]})
+        + "\n"
+        + json.dumps({"variant": "plugin", "control_tok_per_s": [100.0]})
+    )
+    assert report.main([str(new), str(old)]) == 0
+    out = capsys.readouterr().out
+    assert "plugin/none over 3 paired reps: median 1.000" in out
