@@ -278,6 +278,40 @@ class TestBadInput(PatchToolTestCase):
             with self.subTest(command=command):
                 self.assertRefused(command, "changed since sglang-dsa-fix applied it")
 
+    def test_stale_backup_after_an_upgrade_says_how_to_recover(self):
+        # An upgrade replaced the patched files; the backups of the old release stayed.
+        self.cli("apply")
+        backup = self.sizing.with_name(self.sizing.name + ".sglang-dsa-fix.orig")
+        self.sizing.write_bytes(self.original_sizing + b"\n# the next release\n")
+        self.assertRefused("check", f"`rm {backup}`")
+        backup.unlink()
+        self.assertEqual(self.cli("check")[0], 1)  # the new file, judged by itself
+
+    def test_the_plugin_does_not_depend_on_backups(self):
+        from sglang_dsa_fix import source_patch, tree
+
+        foreign = self.sizing.with_name(self.sizing.name + ".sglang-dsa-fix.orig")
+        foreign.write_bytes(b"# not what this tool wrote\n")
+        copy = tree.find_tree(str(self.tmp))
+        with self.assertRaises(tree.ToolError):
+            source_patch.check(copy)
+        states = source_patch.check(copy, wait=False, use_backups=False)  # what plugin.decide reads
+        self.assertEqual([s.verdict.value for s in states], ["affected", "affected"])
+
+    def test_revert_killed_before_removing_its_backups(self):
+        self.cli("apply")
+        # The revert wrote the originals back, then died before removing the backups.
+        self.backend.write_bytes(self.original)
+        self.sizing.write_bytes(self.original_sizing)
+        rc, out, err = self.cli("revert")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("nothing to revert", out)
+        self.assertEqual(out.count(".sglang-dsa-fix.orig"), 2, out)  # removed: both backups
+        self.assertEqual(list(self.package.rglob("*.sglang-dsa-fix.orig")), [])
+        self.assertEqual(
+            (self.backend.read_bytes(), self.sizing.read_bytes()), (self.original, self.original_sizing)
+        )
+
     def test_fix_undone_by_hand_after_apply(self):
         self.cli("apply")
         self.edit(self.backend, b"self.req_to_token.shape[1],", PAGE_TABLE_SITE.found.encode() + b",")

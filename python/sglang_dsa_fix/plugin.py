@@ -193,7 +193,7 @@ def decide():
     plans = []
     switch = kill_switch_value()
     # wait=False: sglang's start-up never waits on a running apply/revert's lock.
-    for state in source_patch.check(sglang, wait=False):
+    for state in source_patch.check(sglang, wait=False, use_backups=False):
         bug, verdict, site = state.bug, state.verdict, state.site
         # Stale bytecode means the pristine code is what runs: hook it (the hooks are no-ops
         # where the width is already right).

@@ -115,7 +115,14 @@ def stale_bytecode(path: Path, source: bytes) -> list:
 # ------------------------------------------------------------------------------ classify
 
 
-def _state(tree: SglangTree, bug: Bug) -> BugState:
+def _stale_backup_advice(site: Site) -> str:
+    return (
+        f"if sglang was upgraded or reinstalled since, that backup is stale: `rm "
+        f"{backup_path(site.path)}` and run `sglang-dsa-fix check` again"
+    )
+
+
+def _state(tree: SglangTree, bug: Bug, use_backups: bool = True) -> BugState:
     site = sites.LOCATORS[bug](tree)
     if site is None:
         if bug is Bug.ROW_OVERFLOW and sites.has_spec_v2_reservation(tree):
@@ -133,7 +140,7 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
         return BugState(bug, Verdict.NOT_APPLICABLE, detail=what)
     if site.patched_here:
         backup = backup_path(site.path)
-        original = read_backup(site.path)
+        original = read_backup(site.path) if use_backups else None
         if original is not None:
             original_site = sites.site_in(site, tree, original)
             matches = original_site is not None and (
@@ -142,11 +149,11 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
             if not matches or original_site.patched_here:
                 raise ToolError(
                     f"{site.path}: changed since sglang-dsa-fix applied it ({backup.name} no "
-                    "longer matches): not touching it; reinstall sglang or restore the file by hand"
+                    f"longer matches): not touching it; {_stale_backup_advice(site)}"
                 )
         stale = stale_bytecode(site.path, site.data)
         verdict = Verdict.STALE_BYTECODE if stale else Verdict.FIXED_IN_TREE
-        detail = "" if original is not None else "no backup (patched by `git apply`?)"
+        detail = "" if original is not None or not use_backups else "no backup (patched by `git apply`?)"
         if site.legacy:
             detail = (
                 "the margin form of an older sglang-dsa-fix (headroom reserve - margin): run "
@@ -160,25 +167,29 @@ def _state(tree: SglangTree, bug: Bug) -> BugState:
     if site.unknown:
         return BugState(bug, Verdict.NOT_COVERED, site, detail=site.unknown)
     backup = backup_path(site.path)
-    if read_backup(site.path) not in (None, site.data):
-        # (A backup equal to the file is what an interrupted apply leaves: apply rewrites it.)
+    if use_backups and read_backup(site.path) not in (None, site.data):
+        # (A backup equal to the file is what an interrupted apply or revert leaves: apply
+        # rewrites it, revert removes it.)
         raise ToolError(
             f"{site.path}: {backup.name} exists but the file neither carries the fix nor "
-            "matches it: changed since sglang-dsa-fix applied it; not touching it"
+            f"matches it: changed since sglang-dsa-fix applied it; not touching it; {_stale_backup_advice(site)}"
         )
     detail = f"this row sizing is affected {site.affected_when}" if site.affected_when else ""
     return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
 
 
-def inspect(tree: SglangTree) -> list:
-    """One BugState per bug. ToolError when a file is not recognised or was hand-edited."""
+def inspect(tree: SglangTree, use_backups: bool = True) -> list:
+    """One BugState per bug. ToolError when a file is not recognised or was hand-edited.
+
+    ``use_backups=False`` (the plugin): judge each file by itself; the runtime fix must not depend
+    on the in-tree tool's backups (a stale or foreign one would otherwise disable it)."""
     try:
-        return [_state(tree, bug) for bug in Bug]
+        return [_state(tree, bug, use_backups) for bug in Bug]
     except OSError as exc:
         raise ToolError(f"{exc.filename or tree.package}: cannot read ({exc.strerror})") from None
 
 
-def check(tree: SglangTree, wait: bool = True) -> list:
+def check(tree: SglangTree, wait: bool = True, use_backups: bool = True) -> list:
     """``inspect`` under the shared lock (never sees a half-finished apply of another run).
 
     ``wait=False`` (the plugin, inside sglang's start-up): never wait on another run's lock; read
@@ -186,9 +197,9 @@ def check(tree: SglangTree, wait: bool = True) -> list:
     backup equal to its file reads as "affected"), only a multi-file apply may be seen between files.
     """
     if not wait:
-        return inspect(tree)
+        return inspect(tree, use_backups)
     with locked(tree, exclusive=False):
-        return inspect(tree)
+        return inspect(tree, use_backups)
 
 
 # ------------------------------------------------------------------------------ writing
@@ -354,6 +365,14 @@ def revert(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
             )
         writes, backups, pycs = [], [], []
         with _reading(tree.package):
+            # Backups equal to their (pristine) file: what a revert killed before removing them
+            # leaves. Nothing to restore; remove them too.
+            for state in states:
+                if state.verdict is Verdict.AFFECTED and state.site is not None:
+                    loc = safe_files.locate(state.site.path)
+                    backup = loc.sibling(loc.name + BACKUP_SUFFIX)
+                    if safe_files.read_existing(backup) == state.site.data:
+                        backups.append(backup)
             for state in ours:
                 path = state.site.path
                 loc, metadata = _locate_for_rewrite(path, state.site.data, package, allow_unsafe_dirs)
