@@ -179,3 +179,42 @@ class TestUnsafeDirectories(RootTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(SKIP, SKIP)
+class TestUnreadableAsAnotherUser(PatchToolTestCase):
+    """As a non-root user, a directory of the tree it may not search is "cannot read" (exit 2),
+    never "not applicable" or "not covered"."""
+
+    def setUp(self):
+        super().setUp()
+        for path in [self.tmp, *self.tmp.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        repo_python = Path(__file__).resolve().parents[1] / "python"
+        probe = [*_as_nobody(), "/usr/bin/python3", "-c", f"import os; os.listdir({str(repo_python)!r})"]
+        if subprocess.run(probe, capture_output=True).returncode:
+            self.skipTest("this checkout is not readable by nobody")
+        self.cli_as_nobody = [
+            *_as_nobody(),
+            "/usr/bin/python3",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(repo_python)!r}); "
+            "from sglang_dsa_fix import cli; sys.exit(cli.main(sys.argv[1:]))",
+        ]
+
+    def test_unreadable_directories(self):
+        for relative in ("srt/layers/attention", "srt/layers", "srt/mem_cache"):
+            directory = self.package / relative
+            with self.subTest(directory=relative):
+                directory.chmod(0o700)
+                try:
+                    proc = subprocess.run(
+                        [*self.cli_as_nobody, "check", "--sglang-root", str(self.tmp)],
+                        capture_output=True,
+                        text=True,
+                    )
+                finally:
+                    directory.chmod(0o755)
+                self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+                self.assertIn("cannot read (Permission denied)", proc.stderr)
+                self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)

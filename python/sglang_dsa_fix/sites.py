@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
+import stat
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,10 +122,14 @@ def _parse(path: Path, data: bytes) -> ast.Module:
 
 
 def _is_file(path: Path) -> bool:
+    """Is there a regular file? Absent is an answer; unreadable is not: a directory the tool
+    may not search (``attention/`` at 0700 as another user) must not read as "no DSA backend"."""
     try:
-        return path.is_file()
-    except OSError:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
         return False
+    except OSError as exc:
+        raise ToolError(f"{path}: cannot read ({exc.strerror})") from None
 
 
 # ------------------------------------------------------------------------------ bug #1
