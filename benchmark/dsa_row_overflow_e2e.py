@@ -54,7 +54,12 @@ from bench_common import (
 from long_gen_worker import ServerClient, dummy_model_kwargs, engine_kwargs, variant_env, write_model
 from row_observer import observe
 
-VARIANTS = ("bug1_only", "plugin", "apply")
+VARIANTS = ("bug1_only", "plugin", "apply", "plugin_off")
+# plugin_off: the plugin installed with its kill switch (SGLANG_DSA_FIX=0): no fix, the watch
+# (SGLANG_DSA_FIX_WATCH=1 in the caller's environment) still counts. Not in the default set.
+DEFAULT_VARIANTS = VARIANTS[:3]
+# The variants that must show the bug (the others must not).
+UNFIXED = ("bug1_only", "plugin_off")
 CASES = ("dsa-eagle", "llama-ngram-page1")
 LLAMA_CONFIG = Path(__file__).with_name("tiny_llama_model.json")
 
@@ -87,9 +92,10 @@ def prepare(variant: str, work: Path) -> dict:
             backup = source_patch.backup_path(row.site.path)
             shutil.move(backup, row.site.path)
         paths.insert(0, str(copy))
-    else:
+    else:  # plugin, plugin_off
         site = work / "plugin-site"
-        install_plugin(site)
+        if not site.exists():
+            install_plugin(site)
         paths.insert(0, str(site))
     env["PYTHONPATH"] = os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")])
     return env
@@ -139,7 +145,7 @@ def worker(args) -> int:
     if args.server:
         import requests
 
-        client = ServerClient(settings, model, sys.stderr)
+        client = ServerClient(settings, model, sys.stderr, kwargs)
         try:
             base = f"http://127.0.0.1:{args.port}"
             body = {"input_ids": prompts, "sampling_params": params}  # one batch: both run together
@@ -185,8 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--variants",
-        default=",".join(VARIANTS),
-        help=f"comma list of {', '.join(VARIANTS)} (default: all, in that order)",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma list of {', '.join(VARIANTS)} (default: {','.join(DEFAULT_VARIANTS)}; plugin_off = the "
+        "plugin with its kill switch, for the watch)",
     )
     parser.add_argument(
         "--context-length", type=int, default=256, help="the engine's context_length (default 256)"
@@ -198,9 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="EAGLE steps of the dsa-eagle case, topk 1, D = steps + 1 (default 7)",
     )
     parser.add_argument("--case", choices=CASES, default=CASES[0], help="model and speculative algorithm")
-    parser.add_argument(
-        "--server", action="store_true", help="run the plugin variant under launch_server (dsa-eagle case)"
-    )
+    parser.add_argument("--server", action="store_true", help="run the plugin variants under launch_server")
     parser.add_argument("--port", type=int, default=30123, help="--server: the server's port (default 30123)")
     parser.add_argument(
         "--start-timeout", type=float, default=420, help="--server: seconds for the server to get healthy"
@@ -250,8 +255,6 @@ def main(argv=None) -> int:
     variants = args.variants.split(",")
     if set(variants) - set(VARIANTS):
         parser.error(f"--variants: choose from {','.join(VARIANTS)}")
-    if args.server and args.case != "dsa-eagle":
-        parser.error("--server runs the dsa-eagle case only")
     work = Path(tempfile.mkdtemp(prefix="dsa-row-e2e-"))
     logs = Path(args.logs) if args.logs else work
     logs.mkdir(parents=True, exist_ok=True)
@@ -265,7 +268,7 @@ def main(argv=None) -> int:
             "SGLANG_SIMULATE_ACC_LEN": "1",
             "ROW_OBSERVER_LOG": str(logs / f"{variant}.rows.jsonl"),
         }
-        server = args.server and variant == "plugin"
+        server = args.server and variant in ("plugin", "plugin_off")
         cmd = [
             sys.executable,
             __file__,
@@ -317,9 +320,9 @@ def verdict(rows) -> int:
         if len(completed) != 2:
             ok = False
         corrupted = bool(row["past_row_end"]) and bool(row["neighbour_changed"])
-        if row["variant"] == "bug1_only" and not corrupted:
+        if row["variant"] in UNFIXED and not corrupted:
             ok = False
-        if row["variant"] != "bug1_only" and (
+        if row["variant"] not in UNFIXED and (
             row["past_row_end"] or row["neighbour_changed"] or not row["row_writes"]
         ):
             ok = False

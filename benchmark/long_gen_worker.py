@@ -124,13 +124,14 @@ class EngineClient:
 
 
 class ServerClient:
-    def __init__(self, args, model, log):
+    def __init__(self, args, model, log, kwargs=None):
+        """``launch_server`` with ``kwargs`` (sglang.Engine's names; default: the DSA model's)."""
         import requests
 
         self.requests = requests
         self.port = args.port
         cli = ["--port", str(args.port), "--host", "127.0.0.1"]
-        for key, value in engine_kwargs(args, model).items():
+        for key, value in (kwargs or engine_kwargs(args, model)).items():
             flag = "--" + key.replace("_", "-")
             if value is True:
                 cli.append(flag)
