@@ -120,6 +120,7 @@ def no_key_in_env(monkeypatch):
         (info({plugin.STATE_KEY: {"bugs": {"page_table": {"state": 3}}}}), "page_table"),
         (info({plugin.STATE_KEY: {"bugs": {"page_table": "applied"}}}), "page_table"),
         (info(rank("applied", watch=["row_writes_past_end"])), "watch"),
+        (info(rank("applied", watch={"enabled": True, "row_columns_past_end": None})), "watch"),
         (info(rank("applied", watch={"row_writes_past_end": "3"})), "watch"),
         ({"prefill": {"0": info()}, "decode": []}, "prefill"),
         ({"prefill": [], "decode": [[]]}, "decode 0"),
@@ -273,6 +274,19 @@ def test_watch_counters():
     assert hit["exit_code"] == 1
     assert [r["exit_code"] for r in hit["ranks"]] == [0, 1]
     assert any("row_writes_past_end" in note for note in hit["ranks"][1]["notes"])
+
+
+def test_the_watch_report_the_plugin_really_sends():
+    # As seen on the H200 (0.5.17, 2026-12-01): enabled, sites and first_violation beside the counters.
+    from sglang_dsa_fix import watch
+
+    real = watch.report()
+    assert report_for(info(rank("applied", "applied", watch=real)))["exit_code"] == 0
+    hit = {**real, "row_writes_past_end": 8, "row_columns_past_end": 20}
+    hit["first_violation"] = {"where": "x", "buffer": "req_to_token", "width": 272, "needed": 276}
+    judged = report_for(info(rank("applied", "applied", watch=hit)))
+    assert judged["exit_code"] == 1
+    assert any(note.startswith("first violation") for note in judged["ranks"][0]["notes"])
 
 
 @pytest.mark.parametrize(

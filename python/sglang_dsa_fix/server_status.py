@@ -48,6 +48,8 @@ STATE_EXIT = (
     ("not fixed by the plugin", EXIT_AFFECTED),
 )
 NO_STATE = "no plugin state on this rank"
+# What the watch reports beside its integer counters (sglang_dsa_fix.watch.report).
+WATCH_INFO_KEYS = ("enabled", "sites", "first_violation", "failed")
 NO_PLUGIN = (
     "the server does not run the plugin on every rank: run `sglang-dsa-fix check` in the server's environment"
 )
@@ -198,13 +200,17 @@ def _judge_rank(role: str, server: int, index: int, internal) -> dict:
         rank["notes"].append("the plugin reports no bug")
         codes.append(EXIT_CANNOT_TELL)
     if watch is not None:
-        counters = isinstance(watch, dict) and all(type(v) is int for v in watch.values())
-        _expect(counters, where, "the plugin's `watch` is not an object of integer counters")
+        _expect(isinstance(watch, dict), where, "the plugin's `watch` is not an object")
         rank["watch"] = watch
         for counter, value in watch.items():
-            if value:
+            if counter in WATCH_INFO_KEYS:
+                continue
+            _expect(type(value) is int, where, f"the plugin's watch counter {counter} is not an integer")
+            if value:  # a width violation happened on this server
                 rank["notes"].append(f"watch counter {counter} = {value}")
                 codes.append(EXIT_AFFECTED)
+        if isinstance(watch.get("first_violation"), dict):
+            rank["notes"].append(f"first violation: {watch['first_violation']}")
     rank["summary"] = summary if isinstance(summary, str) else None
     rank["exit_code"] = combined_exit(codes)
     return rank
