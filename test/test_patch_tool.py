@@ -522,6 +522,51 @@ class TestConsoleScript(unittest.TestCase):
         rc, out, _ = run_cli("--version")
         self.assertEqual((rc, out.strip()), (0, f"sglang-dsa-fix {__version__}"))
 
+    def test_machine_contract(self):
+        from sglang_dsa_fix import __version__
+
+        rc, out, _ = run_cli("-V")
+        self.assertEqual((rc, out.strip()), (0, f"sglang-dsa-fix {__version__}"))
+        rc, out, _ = run_cli("--version", "--json")
+        self.assertEqual(
+            json.loads(out), {"schema_version": 1, "tool_version": __version__, "command": "version"}
+        )
+        for argv in (["check", "--json=1"], ["check", "--json"], ["diff", "--json"]):
+            with self.subTest(argv=argv):
+                rc, out, _ = run_cli(*argv)
+                data = json.loads(out)
+                self.assertEqual((data["schema_version"], data["tool_version"]), (1, __version__))
+                self.assertEqual(data["sglang_version"], INSTALLED.version)
+        rc, out, _ = run_cli("check", "--json=0")
+        self.assertRaises(ValueError, json.loads, out)
+        rc, out, _ = run_cli("frobnicate", "--json")
+        self.assertEqual((rc, json.loads(out)["schema_version"]), (2, 1))
+
+    def test_demo_without_torch_is_one_line(self):
+        repo_python = str(Path(__file__).resolve().parents[1] / "python")
+        for extra in ([], ["--json"]):
+            with self.subTest(extra=extra):
+                proc = subprocess.run(
+                    [
+                        sys.executable,
+                        "-S",
+                        "-s",
+                        "-c",
+                        "import sys; sys.path.insert(0, sys.argv[1]); "
+                        "from sglang_dsa_fix import cli; sys.exit(cli.main(sys.argv[2:]))",
+                        repo_python,
+                        "demo",
+                        *extra,
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+                self.assertIn("needs torch and sglang", proc.stderr)
+                if extra:
+                    self.assertEqual(json.loads(proc.stdout)["exit_code"], 2)
+
     def test_usage_error(self):
         rc, out, err = run_cli("frobnicate")
         self.assertEqual(rc, 2)

@@ -180,7 +180,10 @@ class TestPluginNeverRaises(unittest.TestCase):
     def test_failure_is_one_warning(self):
         from unittest import mock
 
-        with mock.patch.object(plugin, "decide", side_effect=RuntimeError("boom")):
+        with (
+            mock.patch.dict(plugin.STATE, {"pid": None}),
+            mock.patch.object(plugin, "decide", side_effect=RuntimeError("boom")),
+        ):
             with self.assertLogs("sglang_dsa_fix", level="WARNING") as logs:
                 plugin.register()
         self.assertEqual(
@@ -188,6 +191,48 @@ class TestPluginNeverRaises(unittest.TestCase):
             ["WARNING:sglang_dsa_fix:sglang-dsa-fix: unsupported (RuntimeError: boom); sglang untouched"],
         )
         self.assertTrue(plugin.STATE["bugs"]["page_table"]["state"].startswith("unsupported"))
+
+
+@unittest.skipUnless(status.plugin_report(INSTALLED, True)["sglang_has_plugin_api"], "no plugin API")
+class TestHookStates(unittest.TestCase):
+    """A hook sglang failed to apply reads "failed"; one applied but never run "not reached";
+    register() is idempotent (sglang calls it once per entry point name, and there are two)."""
+
+    def test_registered_hooks_become_failed_or_not_reached(self):
+        import copy
+        from unittest import mock
+
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        bugs = {
+            "page_table": {"state": f"{plugin.INSTALLED_STATE} (a.b)", "target": "a.b"},
+            "req_to_token_row": {"state": f"{plugin.INSTALLED_STATE} (c.d)", "target": "c.d"},
+        }
+        with (
+            mock.patch.dict(plugin.STATE, {"bugs": copy.deepcopy(bugs)}),
+            mock.patch.object(HookRegistry, "_patched", {"c.d"}),
+        ):
+            plugin.refresh_hook_states()
+            self.assertTrue(plugin.STATE["bugs"]["page_table"]["state"].startswith("failed"))
+            self.assertTrue(plugin.STATE["bugs"]["req_to_token_row"]["state"].startswith("not reached"))
+        called = {"page_table": {"state": "applied", "target": "a.b", "calls": 1}}
+        with (
+            mock.patch.dict(plugin.STATE, {"bugs": called}),
+            mock.patch.object(HookRegistry, "_patched", set()),
+        ):
+            plugin.refresh_hook_states()
+            self.assertEqual(plugin.STATE["bugs"]["page_table"]["state"], "applied")
+
+    def test_register_is_idempotent(self):
+        from unittest import mock
+
+        with (
+            mock.patch.dict(plugin.STATE, {"pid": None, "bugs": {}}),
+            mock.patch.object(plugin, "decide", return_value=[]) as decide,
+        ):
+            plugin.register()
+            plugin.register()
+        decide.assert_called_once()
 
 
 if __name__ == "__main__":

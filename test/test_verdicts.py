@@ -65,5 +65,22 @@ class TestJudge(unittest.TestCase):
         self.assertEqual({b.value for b in Bug}, {"page_table", "req_to_token_row"})
 
 
+class TestPackageMetadata(unittest.TestCase):
+    def test_entry_points_classifiers_and_summary(self):
+        import tomllib
+
+        project = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]
+        plugins = project["entry-points"]["sglang.srt.plugins"]
+        # Both names load the one idempotent register(); status knows both.
+        self.assertEqual(set(plugins), set(plugin.ENTRY_POINT_NAMES))
+        self.assertEqual(set(plugins.values()), {"sglang_dsa_fix.plugin:register"})
+        self.assertIn("Development Status :: 4 - Beta", project["classifiers"])
+        self.assertIn("Programming Language :: Python :: 3.11", project["classifiers"])
+        self.assertTrue(project["urls"])
+        # The summary says what the README's first lines say: bug #2 from 0.5.9 to the newest.
+        self.assertIn("0.5.9 - newest", project["description"])
+        self.assertIn("0.5.9 – newest", README.read_text().split("\n## ", 1)[0])
+
+
 if __name__ == "__main__":
     unittest.main()
