@@ -96,10 +96,7 @@ def run_status(args) -> tuple[dict, str, int]:
             has_draft_kv=args.speculative_algorithm != "NGRAM",
             overlap=not args.disable_overlap_schedule,
         )
-        from sglang_dsa_fix import sites
-
-        version = sites.arithmetic_version(trees.find_tree(args.sglang_root))[0]
-        resolved = status.static_configuration(shape, version)
+        resolved = status.static_configuration(shape, trees.find_tree(args.sglang_root))
     report = status.collect(args.sglang_root, resolved)
     return report, render_status(report), report["exit_code"]
 

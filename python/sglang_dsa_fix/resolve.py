@@ -160,7 +160,7 @@ def resolve(
         raise ToolError(f"{interpreter}: resolving the arguments failed (exit {done.returncode}: {tail})")
     result = json.loads(lines[-1][len(RESULT_MARK) :])
     if result.get("error_kind") == "import":
-        return static_fallback(launch_args, f"{interpreter} cannot import sglang ({result['error']})")
+        return static_fallback(tree, launch_args, f"{interpreter} cannot import sglang ({result['error']})")
     if "error" in result:
         raise ToolError(f"sglang rejected the launch arguments: {result['error']}")
     result["resolved_with"] = (
@@ -171,7 +171,7 @@ def resolve(
     return result
 
 
-def static_fallback(launch_args: list, why: str) -> dict:
+def static_fallback(tree: SglangTree, launch_args: list, why: str) -> dict:
     """The static rule on the flags it knows, said as such."""
     from sglang_dsa_fix import status, width
 
@@ -199,7 +199,7 @@ def static_fallback(launch_args: list, why: str) -> dict:
         has_draft_kv=args.speculative_algorithm != "NGRAM",
         overlap=not args.disable_overlap_schedule,
     )
-    out = status.static_configuration(shape, None)
+    out = status.static_configuration(shape, tree)
     out["basis_note"] = why
     return out
 

@@ -215,8 +215,10 @@ def measured(at: dict, prove: dict) -> dict:
     return {**prove, "agrees_with_arithmetic": prove["columns_past_row_end"] == at["columns_past_row_end"]}
 
 
-def static_configuration(shape: width.SpecShape, version: Optional[str]) -> dict:
-    """The static rule's numbers for shape flags (``"basis": "static"``)."""
+def static_configuration(shape: width.SpecShape, tree) -> dict:
+    """The static rule's numbers for shape flags (``"basis": "static"``), with the release the
+    tree's files say (``sites.arithmetic_version``)."""
+    version = sites.arithmetic_version(tree)[0]
     config = {
         "speculative_algorithm": "EAGLE" if shape.has_draft_kv else "NGRAM",
         "speculative_num_draft_tokens": shape.speculative_num_draft_tokens,
