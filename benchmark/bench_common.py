@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import random
 import shutil
 import statistics
@@ -191,8 +192,31 @@ def bootstrap_median_ci(values, reps: int = 10000, seed: int = 0, level: float =
     return medians[int(tail * reps)], medians[int((1 - tail) * reps) - 1]
 
 
+# Each variant's control reps are paired with its baseline's, same round: the A/A control ``none2``
+# (a second pristine engine) with ``none``, a fix with ``none``, the watch with the fix it runs
+# beside (``plugin``; ``none`` when no plugin variant ran).
+BASELINE = {"none2": "none", "plugin": "none", "apply": "none", "watch": "plugin"}
+
+
+def baseline_of(name: str, present) -> str | None:
+    base = BASELINE.get(name)
+    if base == "plugin" and "plugin" not in present:
+        base = "none"
+    return base if base in present else None
+
+
+def reps_for_precision(ratios, precision: float = 0.01) -> int | None:
+    """Paired reps for the 95 % CI of the median ratio to be +-``precision`` wide, from these
+    ratios' spread: the median of n normal log-ratios with sd s has standard error
+    sqrt(pi / 2) * s / sqrt(n)."""
+    if len(ratios) < 2:
+        return None
+    s = statistics.stdev(math.log(r) for r in ratios)
+    return max(1, math.ceil((1.96 * math.sqrt(math.pi / 2) * s / math.log1p(precision)) ** 2))
+
+
 def ratio_summary(pairs) -> dict:
-    """fixed / pristine tok/s over (fixed, pristine) pairs of reps."""
+    """variant / baseline tok/s over (variant, baseline) pairs of reps."""
     ratios = [f / p for f, p in pairs]
     deciles = statistics.quantiles(ratios, n=10, method="inclusive") if len(ratios) > 1 else ratios * 9
     return {
@@ -202,19 +226,68 @@ def ratio_summary(pairs) -> dict:
         "p90": deciles[8],
         "median_ci95": list(bootstrap_median_ci(ratios)),
         "of_medians": statistics.median(f for f, _ in pairs) / statistics.median(p for _, p in pairs),
+        "log_ratio_sd": statistics.stdev(math.log(r) for r in ratios) if len(ratios) > 1 else None,
+        "reps_for_1pct": reps_for_precision(ratios),
+    }
+
+
+def _log(x):
+    return math.log(x) if x else None
+
+
+def _r2(xs, ys) -> float | None:
+    """Share of ys' variance a straight line in xs explains (None where either is constant)."""
+    pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
+    if len(pairs) < 3 or len({x for x, _ in pairs}) < 2 or len({y for _, y in pairs}) < 2:
+        return None
+    return statistics.correlation(*zip(*pairs)) ** 2
+
+
+def noise_breakdown(a_reps, b_reps) -> dict:
+    """What the rep-to-rep noise of two identical engines (an A/A pair, rounds in order) is made of.
+
+    Each rep is a control summary (output_throughput, itl_median_ms, stall_share, sm_clock_mhz).
+    ``rep_log_sd``: the spread of one engine's rep throughput (log); ``common_mode_share``: the part
+    of that variance the two engines share round by round (host or GPU drift; pairing cancels it);
+    ``paired_log_sd``: the spread of log(a / b), what a paired ratio still carries. Then, over all
+    reps of both, the share of the log-throughput variance explained by the steady decode speed
+    (median inter-token gap), by stalls (share of streamed time in gaps > 5x the median) and by
+    the mean SM clock during the rep.
+    """
+    n = min(len(a_reps), len(b_reps))
+    a, b = a_reps[:n], b_reps[:n]
+    la = [math.log(r["output_throughput"]) for r in a]
+    lb = [math.log(r["output_throughput"]) for r in b]
+    if n < 3:
+        return {"reps": n}
+    var = (statistics.variance(la) + statistics.variance(lb)) / 2
+    both = a + b
+    logs = la + lb
+    return {
+        "reps": n,
+        "rep_log_sd": math.sqrt(var),
+        "common_mode_share": statistics.covariance(la, lb) / var if var else None,
+        "paired_log_sd": statistics.stdev(x - y for x, y in zip(la, lb)),
+        # log gap: tok/s goes as 1 / gap, so its log is a straight line in the gap's log
+        "r2_steady_speed": _r2([_log(r.get("itl_median_ms")) for r in both], logs),
+        "r2_stalls": _r2([r.get("stall_share") for r in both], logs),
+        "r2_sm_clock": _r2([r.get("sm_clock_mhz") for r in both], logs),
     }
 
 
 def pooled(runs) -> dict:
-    """variant -> ratio_summary over every (fixed, pristine) pair of reps in every run; ``runs``
-    is a list of (label, {variant: row})."""
-    pairs = {}
+    """variant -> ratio_summary (with its ``baseline``) over every (variant, baseline) pair of reps
+    in every run; ``runs`` is a list of (label, {variant: row})."""
+    pairs, bases = {}, {}
     for _, rows in runs:
-        pristine = rows.get("none")
         for name, row in rows.items():
-            if pristine is not None and name != "none":
-                pairs.setdefault(name, []).extend(zip(per_rep_throughput(row), per_rep_throughput(pristine)))
-    return {name: ratio_summary(p) for name, p in pairs.items() if p}
+            base = baseline_of(name, rows)
+            if base is not None:
+                bases[name] = base
+                pairs.setdefault(name, []).extend(
+                    zip(per_rep_throughput(row), per_rep_throughput(rows[base]))
+                )
+    return {name: {"baseline": bases[name], **ratio_summary(p)} for name, p in pairs.items() if p}
 
 
 def plot(runs, summaries, out: Path) -> None:
@@ -238,12 +311,13 @@ def plot(runs, summaries, out: Path) -> None:
     position = 0
     for name, summary in summaries.items():
         ratios = summary["per_rep"]
-        bottom.plot(range(position, position + len(ratios)), ratios, marker="s", label=f"{name} / none")
+        base = summary.get("baseline", "none")
+        bottom.plot(range(position, position + len(ratios)), ratios, marker="s", label=f"{name} / {base}")
         low, high = summary["median_ci95"]
         bottom.axhspan(low, high, alpha=0.15, label=f"bootstrap 95 % CI of the median {low:.3f} - {high:.3f}")
         bottom.axhline(summary["median"], linestyle="--", label=f"median {summary['median']:.3f}")
     bottom.axhline(1.0, color="black", linewidth=0.8)
-    bottom.set_ylabel("fixed / pristine")
+    bottom.set_ylabel("variant / its baseline")
     bottom.set_xlabel("control rep (runs laid end to end)")
     bottom.legend(fontsize=7)
     fig.tight_layout()

@@ -7,13 +7,21 @@ last verify overshoots context_length. Each variant runs in its own worker proce
 file is the parent (variants, ABBA reps, report):
 
   none     the installed sglang as is (expected: the size-mismatch crash)
+  none2    a second engine of the installed sglang as is: the A/A control, paired with none,
+           measures the noise of the design itself
   apply    the in-tree patch, applied to a temporary copy of the installed sglang
   plugin   this package installed (entry point sglang.srt.plugins), sglang untouched
+  watch    plugin with the family watch on (SGLANG_DSA_FIX_WATCH=1), paired with plugin: the
+           watch's own cost
 
 The variants' engines start one after another and then stay up side by side. A control group
 that stays far below context_length runs --control-reps times on each, the reps alternating between
-the engines (ABBA) so that drift on the host hits every variant alike; fixed/pristine tok/s is
-reported rep by rep with its spread. Then each variant gets the boundary group (every request
+the engines (ABBA) so that drift on the host hits every variant alike; the first --warmup-reps
+rounds run but are discarded, and with --control-until no round starts that many seconds after
+the script started (as many reps as a time limit allows). Each variant's tok/s over its baseline's (bench_common.BASELINE)
+is reported rep by rep with its spread, the paired reps a +-1 % CI of the median would need, and
+for an A/A pair (none, none2) what the noise is made of (bench_common.noise_breakdown): drift
+both engines share, steady decode speed, stalls, SM clock. Then each variant gets the boundary group (every request
 crosses context_length in its last verify; `--soak N` sets how many). Per variant: requests
 completed / failed (error text from the log), output tok/s, accept length, ITL p50/p99, wall
 time, GPU memory after start and at peak, page_table bytes; one JSON line each (--output-file,
@@ -21,10 +29,10 @@ bench_serving's flag; --jsonl is the old name) and a table. The control group's 
 bench_serving's names and meanings: ``output_throughput_per_rep`` holds each rep's
 ``output_throughput`` (output tokens / that rep's duration); ``output_throughput_median`` is the
 median over the reps (not one run's figure, so not called ``output_throughput``). Each row also
-records the sglang version, this tool's version and git commit, the UTC date and, with
+records the per-rep median inter-token gap, stall share and mean SM clock, the sglang version, this tool's version and git commit, the UTC date and, with
 ``--server``, the server's ``/server_info`` (``server_info``, as bench_serving stores it). Exit 0
-only if every fixed variant completes every request and the pristine run
-reproduces the crash.
+only if every fixed variant completes every request and the pristine runs reproduce the crash
+(``--soak 0`` skips the boundary phase: a throughput-only run).
 
     python benchmark/dsa_eagle_long_gen.py [--variants none,plugin,apply] [--server] [--soak 64]
 
@@ -54,8 +62,10 @@ from bench_common import (
     add_disable_tqdm_argument,
     add_output_file_argument,
     append_jsonl,
+    baseline_of,
     install_plugin,
     jsonl_row,
+    noise_breakdown,
     per_rep_throughput,
     plot,
     pooled,
@@ -71,10 +81,15 @@ from long_gen_worker import (
 )
 
 WORKER = Path(__file__).with_name("long_gen_worker.py")
+STARTED = time.perf_counter()  # --control-until counts from here
 
 # What the plugin logs in a scheduler once it widened the buffer (sglang_dsa_fix/plugin.py):
 # present in the plugin variant's log, absent from the others', or the run is not a comparison.
 WIDENED_LINE = "sglang-dsa-fix: CUDA-graph page_table widened"
+WATCH_LINE = "family watch on ("  # plugin.WATCH_ON_LINE, in the plugin's start-up line
+VARIANTS = ("none", "none2", "apply", "plugin", "watch")
+PRISTINE = ("none", "none2")
+FIXED_BY_PLUGIN = ("plugin", "watch")
 CRASH_PATTERN = re.compile(
     r"RuntimeError: The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)[^\n]*"
 )
@@ -82,16 +97,16 @@ CRASH_PATTERN = re.compile(
 
 # ---------------------------------------------------------------------------- parent
 class GpuMemory:
-    """Device memory in use, sampled by one long-running `nvidia-smi -lms`, not one nvidia-smi
-    start per sample during the timed phases."""
+    """Device memory in use and the SM clock, sampled by one long-running `nvidia-smi -lms`, not
+    one nvidia-smi start per sample during the timed phases."""
 
     def __init__(self, interval_ms: int = 200):
-        self.samples = []  # (perf_counter, MiB)
+        self.samples = []  # (perf_counter, MiB, SM MHz)
         try:
             self.process = subprocess.Popen(
                 [
                     "nvidia-smi",
-                    "--query-gpu=memory.used",
+                    "--query-gpu=memory.used,clocks.sm",
                     "--format=csv,noheader,nounits",
                     "-i",
                     os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
@@ -109,16 +124,21 @@ class GpuMemory:
 
     def _read(self):
         for line in self.process.stdout:
-            if line.strip().isdigit():
-                self.samples.append((time.perf_counter(), int(line)))
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) == 2 and all(f.isdigit() for f in fields):
+                self.samples.append((time.perf_counter(), int(fields[0]), int(fields[1])))
 
     def latest(self):
         time.sleep(0.5)  # let a sample taken after the caller's event arrive
         return self.samples[-1][1] if self.samples else None
 
     def peak_between(self, start: float, end: float):
-        values = [mib for t, mib in self.samples if start <= t <= end]
+        values = [mib for t, mib, _ in self.samples if start <= t <= end]
         return max(values) if values else None
+
+    def mean_clock_between(self, start: float, end: float):
+        values = [mhz for t, _, mhz in self.samples if start <= t <= end]
+        return statistics.mean(values) if values else None
 
     def close(self):
         if self.process:
@@ -174,6 +194,7 @@ class Variant:
         )
         self.crash = None
         self.start_mib = self.peak_mib = None
+        self.clocks = []  # mean SM MHz during each control rep
 
     @property
     def alive(self) -> bool:
@@ -219,6 +240,8 @@ class Variant:
         self.send(command)
         ok = self.wait(done, self.args.phase_timeout + 30, command)
         peak = memory.peak_between(t0, time.perf_counter())
+        if command.startswith("control"):
+            self.clocks.append(memory.mean_clock_between(t0, time.perf_counter()))
         if None not in (before, peak, self.start_mib):
             self.peak_mib = max(self.peak_mib or 0, self.start_mib + peak - before)
         return ok
@@ -240,7 +263,7 @@ def prepare_variant(variant: str, work: Path) -> dict:
     from sglang_dsa_fix import source_patch, tree
 
     base = os.environ.get("PYTHONPATH", "")
-    if variant == "none":
+    if variant in PRISTINE:
         # The kill switch keeps our plugin inert should an install of it be visible anyway
         # (an editable install, a python/*.egg-info on PYTHONPATH).
         return {"SGLANG_DSA_FIX": "0", "PYTHONPATH": base}
@@ -253,10 +276,12 @@ def prepare_variant(variant: str, work: Path) -> dict:
         outcome = source_patch.apply(tree.find_tree(str(copy)))
         print("apply:", ", ".join(str(p) for p in outcome.changed), flush=True)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(copy), base]))
-    elif variant == "plugin":
-        target = work / "plugin-site"
+    elif variant in FIXED_BY_PLUGIN:
+        target = work / f"{variant}-site"
         install_plugin(target)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), base]))
+        if variant == "watch":
+            env["SGLANG_DSA_FIX_WATCH"] = "1"
     else:
         raise SystemExit(f"unknown variant {variant!r}")
     return env
@@ -278,11 +303,8 @@ def page_table_bytes(args) -> dict:
     fixed_pool = args.context_length + width.fixed_row_extra(report["sglang_version"], spec)
     rows = args.concurrency * D
     # "none" only where the tree is pristine (with a fix live, status reports the fixed width).
-    return {
-        "none": rows * (pristine.get("graph_page_table_width") or 0) * 4,
-        "apply": rows * fixed_pool * 4,
-        "plugin": rows * fixed_pool * 4,
-    }
+    pristine_bytes = rows * (pristine.get("graph_page_table_width") or 0) * 4
+    return {name: pristine_bytes if name in PRISTINE else rows * fixed_pool * 4 for name in VARIANTS}
 
 
 def run_all(names, args, work: Path):
@@ -307,7 +329,10 @@ def run_all(names, args, work: Path):
             else:
                 print(f"[{name}] did not start: {variant.crash or 'see its log'}", flush=True)
                 variant.stop()
-        for rep in range(args.control_reps):
+        for rep in range(args.warmup_reps + args.control_reps):
+            if args.control_until and time.perf_counter() - STARTED > args.control_until:
+                print(f"--control-until {args.control_until:.0f} s reached after {rep} rounds", flush=True)
+                break
             order = variants if rep % 2 == 0 else variants[::-1]
             for variant in [v for v in order if v.alive]:
                 variant.run_phase(
@@ -318,9 +343,10 @@ def run_all(names, args, work: Path):
                 for v in variants
                 if len(v.result().get("control", [])) > rep
             )
-            print(f"control rep {rep + 1}/{args.control_reps} tok/s: {rates}", flush=True)
+            kind = "warm-up" if rep < args.warmup_reps else "control"
+            print(f"{kind} round {rep + 1}/{args.warmup_reps + args.control_reps} tok/s: {rates}", flush=True)
         for variant in variants:
-            if variant.alive:
+            if variant.alive and args.soak:
                 variant.run_phase("boundary", lambda r: "boundary" in r, memory)
                 print(
                     f"[{variant.name}] boundary: {'CRASH ' + variant.crash if variant.crash else 'no crash'}",
@@ -348,12 +374,14 @@ def summarize(variant: Variant, args, table_bytes: int) -> dict:
     text = variant.log_path.read_text(errors="replace")
     crash = variant.crash or (m.group(0) if (m := CRASH_PATTERN.search(text)) else None)
     boundary = result.get("boundary") or {
+        "skipped": not args.soak,
         "requests": args.soak,
         "completed": 0,
         "failed": args.soak,
         "timed_out": args.soak,
     }
-    control = result.get("control") or []
+    reps = [{**c, "sm_clock_mhz": clock} for c, clock in zip(result.get("control") or [], variant.clocks)]
+    warmup, control = reps[: args.warmup_reps], reps[args.warmup_reps :]
     rates = [c["output_throughput"] for c in control]
     accept = [c["accept_length"] for c in control if c["accept_length"] is not None]
     itl = result.get("control_itl_ms") or {"p50": None, "p99": None}
@@ -365,6 +393,7 @@ def summarize(variant: Variant, args, table_bytes: int) -> dict:
         "wall_s": variant.wall_s,
         "crash": crash,
         "plugin_widened": WIDENED_LINE in text,
+        "watch_on": WATCH_LINE in text,
         "boundary_requests": boundary["requests"],
         "boundary_completed": boundary["completed"],
         "boundary_failed": boundary["failed"],
@@ -380,6 +409,11 @@ def summarize(variant: Variant, args, table_bytes: int) -> dict:
         "output_throughput_per_rep": rates,
         "total_output_tokens_per_rep": [c["total_output_tokens"] for c in control],
         "duration_per_rep": [c["duration"] for c in control],
+        "warmup_output_throughput": [c["output_throughput"] for c in warmup],
+        # What the noise breakdown reads (bench_common.noise_breakdown), per counted rep.
+        "itl_median_ms_per_rep": [c.get("itl_median_ms") for c in control],
+        "stall_share_per_rep": [c.get("stall_share") for c in control],
+        "sm_clock_mhz_per_rep": [c.get("sm_clock_mhz") for c in control],
         # The median over the reps: not one run's output_throughput, hence not that name (rows
         # before this change held it as "output_throughput").
         "output_throughput_median": statistics.median(rates) if rates else None,
@@ -392,14 +426,29 @@ def summarize(variant: Variant, args, table_bytes: int) -> dict:
     }
 
 
+def rep_records(row) -> list:
+    """A row's counted control reps as noise_breakdown takes them."""
+    keys = ("itl_median_ms", "stall_share", "sm_clock_mhz")
+    columns = [row.get(f"{k}_per_rep") or [] for k in keys]
+    return [
+        {"output_throughput": rate, **{k: (c[i] if i < len(c) else None) for k, c in zip(keys, columns)}}
+        for i, rate in enumerate(per_rep_throughput(row))
+    ]
+
+
 def add_control_ratios(rows):
-    """Each fixed variant's control tok/s over pristine's, rep by rep (same round of reps)."""
-    pristine = next((r for r in rows if r["variant"] == "none"), None)
+    """Each variant's control tok/s over its baseline's (bench_common.BASELINE), rep by rep (same
+    round of reps); for the A/A control, the noise breakdown of the pair."""
+    by_name = {r["variant"]: r for r in rows}
     for row in rows:
-        if pristine and row is not pristine:
-            pairs = list(zip(per_rep_throughput(row), per_rep_throughput(pristine)))
-            if pairs:
-                row["control_ratio_vs_none"] = ratio_summary(pairs)
+        base = baseline_of(row["variant"], by_name)
+        if base is None:
+            continue
+        pairs = list(zip(per_rep_throughput(row), per_rep_throughput(by_name[base])))
+        if pairs:
+            row["control_ratio"] = {"baseline": base, **ratio_summary(pairs)}
+        if row["variant"] == "none2":
+            row["noise"] = noise_breakdown(rep_records(by_name[base]), rep_records(row))
 
 
 def write_plot(jsonl: Path, rows) -> None:
@@ -424,8 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--variants",
         default="none,plugin",
-        help="comma list of none (installed sglang as is), apply (in-tree patch on a copy), "
-        "plugin (this package's plugin); default none,plugin",
+        help="comma list of none (installed sglang as is), none2 (a second pristine engine: the A/A "
+        "control), apply (in-tree patch on a copy), plugin (this package's plugin), watch (plugin "
+        "with SGLANG_DSA_FIX_WATCH=1); default none,plugin",
     )
     add_engine_arguments(parser)
     parser.add_argument(
@@ -433,6 +483,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=10,
         help="control-group reps per variant, alternated between the engines ABBA (default 10)",
+    )
+    parser.add_argument(
+        "--warmup-reps",
+        type=int,
+        default=1,
+        help="rounds run before the control reps and discarded (default 1)",
+    )
+    parser.add_argument(
+        "--control-until",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="start no control round later than this many seconds after this script started, so "
+        "that a run fits a time limit with as many reps as it allows (0: run all --control-reps; "
+        "default 0)",
     )
     add_output_file_argument(
         parser,
@@ -450,9 +515,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(variants) - {"none", "apply", "plugin"})
+    unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or len(set(variants)) != len(variants) or not variants:
-        parser.error(f"--variants: each of none, apply, plugin at most once (got {args.variants!r})")
+        parser.error(f"--variants: each of {', '.join(VARIANTS)} at most once (got {args.variants!r})")
     # The engines run in their own sessions: on SIGTERM (a `timeout`), unwind so that
     # run_all's cleanup kills them instead of leaving them on the GPU.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -465,8 +530,9 @@ def main(argv=None) -> int:
     print(
         f"\nEAGLE steps {args.speculative_num_steps}, topk 1, D {D}; context_length "
         f"{args.context_length}; concurrency {args.concurrency}; "
-        f"{'launch_server' if args.server else 'Engine'}; {args.control_reps} control reps of "
-        f"{args.control_requests} x {args.control_max_new} tokens; logs in {work}"
+        f"{'launch_server' if args.server else 'Engine'}; {min(r['control_reps'] for r in rows)} counted "
+        f"control reps (after {args.warmup_reps} warm-up) of {args.control_requests} x "
+        f"{args.control_max_new} tokens; logs in {work}"
     )
     # page_table B: the target-verify graph buffer, max_bs * D rows x width x 4, computed.
     print(
@@ -488,35 +554,57 @@ def main(argv=None) -> int:
             f"{table:>12}  {r['crash'] or '-'}"
         )
     for r in rows:
-        ratio = r.get("control_ratio_vs_none")
+        ratio = r.get("control_ratio")
         if ratio:
+            need = ratio["reps_for_1pct"]
             print(
-                f"control tok/s {r['variant']}/none, paired reps: median {ratio['median']:.3f} "
-                f"[p10 {ratio['p10']:.3f}, p90 {ratio['p90']:.3f}; bootstrap 95 % CI of the median "
-                f"{ratio['median_ci95'][0]:.3f} - {ratio['median_ci95'][1]:.3f}], ratio of medians "
-                f"{ratio['of_medians']:.3f} (target >= 0.99)"
+                f"control tok/s {r['variant']}/{ratio['baseline']}, {len(ratio['per_rep'])} paired reps: "
+                f"median {ratio['median']:.3f} [p10 {ratio['p10']:.3f}, p90 {ratio['p90']:.3f}; "
+                f"bootstrap 95 % CI of the median {ratio['median_ci95'][0]:.3f} - "
+                f"{ratio['median_ci95'][1]:.3f}], ratio of medians {ratio['of_medians']:.3f}; "
+                f"+-1 % would need {need if need is not None else '-'} paired reps"
+            )
+        noise = r.get("noise")
+        if noise and "rep_log_sd" in noise:
+            share = lambda x: "-" if x is None else f"{100 * x:.0f} %"  # noqa: E731
+            print(
+                f"A/A noise over {noise['reps']} rounds: one engine's reps spread {100 * noise['rep_log_sd']:.1f} % "
+                f"(sd of log tok/s), {share(noise['common_mode_share'])} of it shared by both engines "
+                f"(cancelled by pairing); paired ratio spread {100 * noise['paired_log_sd']:.1f} %. "
+                f"Variance explained: steady decode speed {share(noise['r2_steady_speed'])}, stalls "
+                f"{share(noise['r2_stalls'])}, SM clock {share(noise['r2_sm_clock'])}"
             )
     if args.output_file:
         append_jsonl(args.output_file, rows)
         write_plot(Path(args.output_file), rows)
-    pristine = [r for r in rows if r["variant"] == "none"]
-    fixed = [r for r in rows if r["variant"] != "none"]
-    ok = all(
-        r["crash"] is None
-        and r["boundary_completed"] == r["boundary_requests"]
-        and r["control_failed"] == 0
-        and r["control_reps"] == args.control_reps
-        for r in fixed
+    pristine = [r for r in rows if r["variant"] in PRISTINE]
+    fixed = [r for r in rows if r["variant"] not in PRISTINE]
+    counted = {r["control_reps"] for r in rows}
+    ok = (
+        len(counted) == 1
+        and 0 not in counted
+        and all(
+            r["crash"] is None
+            and (not args.soak or r["boundary_completed"] == r["boundary_requests"])
+            and r["control_failed"] == 0
+            for r in fixed
+        )
     )
-    reproduced = all(r["crash"] for r in pristine)
-    said = reproduced if pristine else "not run (no 'none' variant)"
+    reproduced = not args.soak or all(r["crash"] for r in pristine)
+    said = (
+        "not run (--soak 0)" if not args.soak else reproduced if pristine else "not run (no pristine variant)"
+    )
     print(f"fixed variants complete every request: {ok}; pristine reproduces the crash: {said}")
-    misrouted = [r["variant"] for r in rows if r["plugin_widened"] != (r["variant"] == "plugin")]
+    misrouted = [
+        r["variant"]
+        for r in rows
+        if r["plugin_widened"] != (r["variant"] in FIXED_BY_PLUGIN)
+        or r["watch_on"] != (r["variant"] == "watch")
+    ]
     if misrouted:
         print(
-            f"NOT A VALID COMPARISON: the plugin's widening line is "
-            f"{'missing from' if 'plugin' in misrouted else 'present in'} the log of "
-            f"{', '.join(misrouted)}"
+            "NOT A VALID COMPARISON: the plugin's widening line or the watch's start-up line is "
+            f"not where the variant says in the log of {', '.join(misrouted)}"
         )
     return 0 if ok and reproduced and not misrouted else 1
 

@@ -1,7 +1,8 @@
 """Pool the control-group figures of one or more ``dsa_eagle_long_gen.py`` JSONL files.
 
-Pairs each fixed variant's control reps with pristine's (the same round of reps, same file),
-pools the fixed / pristine tok/s ratios over the files, and prints the median, p10 - p90 and a
+Pairs each variant's control reps with its baseline's (``bench_common.BASELINE``: the fixes and the
+A/A control ``none2`` with pristine ``none``, the watch with ``plugin``; the same round of reps,
+same file), pools the tok/s ratios over the files, and prints the median, p10 - p90 and a
 seeded bootstrap 95 % interval of the median (``bench_common.ratio_summary``, the code the
 benchmark itself reports with). ``--plot PNG`` draws per-rep tok/s per variant and the ratios
 (needs matplotlib: ``pip install matplotlib``).
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
     for name, s in summaries.items():
         low, high = s["median_ci95"]
         print(
-            f"{name}/none over {len(s['per_rep'])} paired reps: median {s['median']:.3f} "
+            f"{name}/{s['baseline']} over {len(s['per_rep'])} paired reps: median {s['median']:.3f} "
             f"[p10 {s['p10']:.3f}, p90 {s['p90']:.3f}], bootstrap 95 % CI of the median "
             f"{low:.3f} - {high:.3f}, ratio of medians {s['of_medians']:.3f}"
         )

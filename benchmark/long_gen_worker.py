@@ -176,6 +176,17 @@ class ServerClient:
         return await asyncio.to_thread(self._post, input_ids, params)
 
 
+def gap_profile(gaps) -> dict:
+    """A rep's steady decode speed and its stalls, for the benchmark's noise breakdown: the median
+    gap between streamed chunks, and the share of all streamed time spent in gaps longer than
+    five medians (beyond the median each such gap would have taken)."""
+    if not gaps:
+        return {"itl_median_ms": None, "stall_share": None}
+    median = statistics.median(gaps)
+    stalled = sum(g - median for g in gaps if g > 5 * median)
+    return {"itl_median_ms": median * 1000, "stall_share": stalled / sum(gaps) if sum(gaps) else 0.0}
+
+
 async def run_group(client, requests, concurrency: int, timeout: float) -> dict:
     semaphore = asyncio.Semaphore(concurrency)
     outcomes = []
@@ -204,6 +215,7 @@ async def run_group(client, requests, concurrency: int, timeout: float) -> dict:
     gaps = [b - a for o in finished for a, b in zip(o["times"], o["times"][1:])]
     accept = [o["meta"]["spec_accept_length"] for o in finished if "spec_accept_length" in o["meta"]]
     return {
+        **gap_profile(gaps),
         "requests": len(requests),
         "completed": len(finished),
         "failed": len(requests) - len(finished),

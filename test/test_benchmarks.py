@@ -9,8 +9,10 @@ import datetime
 import importlib
 import io
 import json
+import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import venv
@@ -228,12 +230,13 @@ def fake_variant(tmp_path, result, name="plugin"):
         wall_s=12.5,
         start_mib=100,
         peak_mib=200,
+        clocks=[1980, 1975, 1990, 1985],
         result=lambda: result,
     )
 
 
-def long_gen_args(server):
-    return SimpleNamespace(server=server, soak=4)
+def long_gen_args(server, warmup_reps=0):
+    return SimpleNamespace(server=server, soak=4, warmup_reps=warmup_reps)
 
 
 def test_long_gen_row_carries_provenance_server_info_and_bench_serving_throughput(tmp_path):
@@ -267,6 +270,79 @@ def test_long_gen_row_carries_provenance_server_info_and_bench_serving_throughpu
     assert row["plugin_widened"] is True
     engine_row = long_gen.build_row(fake_variant(tmp_path, result), long_gen_args(server=False), 4096)
     assert engine_row["server_info"] is None  # Engine mode: no server
+    warm = long_gen.build_row(fake_variant(tmp_path, result), long_gen_args(False, warmup_reps=1), 4096)
+    assert warm["warmup_output_throughput"] == [500.0]  # run, shown, not counted
+    assert warm["output_throughput_per_rep"] == [250.0, 300.0] and warm["control_reps"] == 2
+    assert warm["sm_clock_mhz_per_rep"] == [1975, 1990]  # each counted rep keeps its own clock
+
+
+# ---------------------------------------------------------------------------- A/A and noise
+def test_reps_for_one_percent_follow_the_spread_of_the_log_ratios():
+    # sd of log ratios 0.02: the median's CI half-width 1.96 * 1.2533 * 0.02 / sqrt(n) <= log(1.01)
+    # needs n = ceil((1.96 * 1.2533 * 0.02 / 0.00995) ** 2) = 25
+    ratios = [math.exp(x) for x in (0.02, -0.02, 0.02, -0.02)]
+    sd = statistics.stdev(math.log(r) for r in ratios)
+    expected = math.ceil((1.96 * math.sqrt(math.pi / 2) * sd / math.log(1.01)) ** 2)
+    assert bench_common.reps_for_precision(ratios) == expected
+    assert bench_common.reps_for_precision([1.0, 1.0]) == 1  # no spread: one pair says it all
+    assert bench_common.reps_for_precision([1.0]) is None
+    summary = bench_common.ratio_summary([(101.0, 100.0), (99.0, 100.0), (100.0, 100.0)])
+    assert summary["reps_for_1pct"] == bench_common.reps_for_precision(summary["per_rep"])
+
+
+def test_each_variant_is_paired_with_its_baseline():
+    present = {"none", "none2", "plugin", "watch"}
+    assert bench_common.baseline_of("none2", present) == "none"  # the A/A control
+    assert bench_common.baseline_of("plugin", present) == "none"
+    assert bench_common.baseline_of("watch", present) == "plugin"  # the watch's own cost
+    assert bench_common.baseline_of("watch", {"none", "watch"}) == "none"
+    assert bench_common.baseline_of("none", present) is None
+    rows = {
+        "none": {"output_throughput_per_rep": [100.0, 100.0]},
+        "plugin": {"output_throughput_per_rep": [200.0, 200.0]},
+        "watch": {"output_throughput_per_rep": [190.0, 190.0]},
+    }
+    pooled = bench_common.pooled([("run", rows)])
+    assert pooled["watch"]["baseline"] == "plugin" and pooled["watch"]["median"] == 0.95
+    assert pooled["plugin"]["baseline"] == "none" and pooled["plugin"]["median"] == 2.0
+
+
+def test_noise_breakdown_separates_shared_drift_from_pair_noise():
+    drift = [1.0, 1.2, 0.9, 1.1, 1.0, 0.8]  # both engines move together, round by round
+    a = [
+        {"output_throughput": 100 * d, "itl_median_ms": 10 / d, "stall_share": 0.0, "sm_clock_mhz": 1980}
+        for d in drift
+    ]
+    b = [dict(r) for r in a]
+    noise = bench_common.noise_breakdown(a, b)
+    assert noise["reps"] == 6
+    assert noise["common_mode_share"] == pytest.approx(1.0)  # all of it shared: pairing cancels it
+    assert noise["paired_log_sd"] == pytest.approx(0.0)
+    assert noise["r2_steady_speed"] == pytest.approx(1.0)  # the steady gap explains every rep
+    assert noise["r2_stalls"] is None and noise["r2_sm_clock"] is None  # constant: explains nothing
+    b = [
+        dict(r, output_throughput=r["output_throughput"] * (1.05 if i % 2 else 0.95)) for i, r in enumerate(a)
+    ]
+    assert bench_common.noise_breakdown(a, b)["paired_log_sd"] > 0.05
+    assert bench_common.noise_breakdown(a[:2], b[:2]) == {"reps": 2}
+
+
+def test_gap_profile_counts_stalls_beyond_five_medians():
+    worker = importlib.import_module("long_gen_worker")
+    gaps = [0.01] * 9 + [0.11]  # one stall: 0.10 s beyond the median
+    profile = worker.gap_profile(gaps)
+    assert profile["itl_median_ms"] == pytest.approx(10.0)
+    assert profile["stall_share"] == pytest.approx(0.10 / 0.2)
+    assert worker.gap_profile([]) == {"itl_median_ms": None, "stall_share": None}
+
+
+def test_long_gen_variants_include_the_aa_control_and_the_watch():
+    long_gen = importlib.import_module("dsa_eagle_long_gen")
+    assert {"none2", "watch"} <= set(long_gen.VARIANTS)
+    env = long_gen.prepare_variant("none2", Path("/nonexistent"))
+    assert env["SGLANG_DSA_FIX"] == "0"  # a second pristine engine
+    with pytest.raises(SystemExit):
+        long_gen.main(["--variants", "none,bogus"])
 
 
 def test_row_overflow_row_carries_provenance_and_server_info(tmp_path):

@@ -51,6 +51,10 @@ PLAN_STATE = {
 
 # This process's state: what /server_info and the log lines report.
 STATE = {"version": __version__, "pid": None, "kill_switch": None, "bugs": {}}
+# The watch's hook targets, once registered; the start-up log line then says the watch is on
+# (benchmarks look for WATCH_ON_LINE to know a variant really ran with it).
+WATCH_HOOKS = []
+WATCH_ON_LINE = "family watch on"
 _said = set()  # one-time log lines already emitted in this process
 
 
@@ -71,7 +75,9 @@ def _once(key: str, level: int, message: str, *args) -> None:
 
 def _summary() -> str:
     bugs = "; ".join(f"{bug}: {info['state']}" for bug, info in STATE["bugs"].items())
-    return f"sglang-dsa-fix {__version__} (pid {os.getpid()}, {STATE['kill_switch']}): {bugs}"
+    hooks = len(WATCH_HOOKS)
+    watching = f"; {WATCH_ON_LINE} ({hooks} hooks)" if hooks else ""
+    return f"sglang-dsa-fix {__version__} (pid {os.getpid()}, {STATE['kill_switch']}): {bugs}{watching}"
 
 
 def _set(bug: Bug, state: str, **extra) -> None:
@@ -248,6 +254,7 @@ def register() -> None:
         try:
             for target, hook_type, hook in watch.hooks(None):
                 HookRegistry.register(target, hook, HookType[hook_type])
+                WATCH_HOOKS.append(target)
         except Exception as exc:
             logger.warning("sglang-dsa-fix: watch not installed (%s: %s)", type(exc).__name__, exc)
     logger.info("%s", _summary())
