@@ -317,13 +317,16 @@ def run_all(names, args, work: Path):
     memory = GpuMemory()
     variants = []
     try:
+        if args.start_together:  # warm JIT caches only: no per-variant start-up memory then
+            variants = [Variant(name, env, args, work, i) for i, (name, env) in enumerate(zip(names, envs))]
         for index, (name, env) in enumerate(zip(names, envs)):
             before = memory.latest()
-            variant = Variant(name, env, args, work, index)
-            variants.append(variant)
+            if not args.start_together:
+                variants.append(Variant(name, env, args, work, index))
+            variant = variants[index]
             if variant.wait(lambda r: r.get("ready"), args.start_timeout, "engine start"):
                 after = memory.latest()
-                if None not in (before, after):
+                if None not in (before, after) and not args.start_together:
                     variant.start_mib = variant.peak_mib = after - before
                 print(f"[{name}] ready in {variant.result()['start_s']:.0f} s", flush=True)
             else:
@@ -504,6 +507,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--jsonl",
         what="variant",
         extra="; also draws the per-rep plot as FILE with .png for .jsonl where matplotlib is installed",
+    )
+    parser.add_argument(
+        "--start-together",
+        action="store_true",
+        help="start every variant's engine at once (only with warm JIT caches: cold ones compile "
+        "the same kernels side by side); start-up memory per variant is then not measured",
     )
     parser.add_argument("--work-dir", help="keep logs here (default: a temporary directory)")
     add_disable_tqdm_argument(parser)
