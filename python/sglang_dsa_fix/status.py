@@ -170,7 +170,8 @@ def decision_inputs(resolved: dict) -> dict:
 
 def page_table_at(state, inputs: dict) -> dict:
     """Bug #1 at a configuration: the pool and graph buffer widths, and whether the longest
-    target_verify the scheduler can run reads past the buffer (``width.verify_seq_len_bound``)."""
+    target_verify the scheduler can run reads past the buffer (``width.verify_seq_len_bound``,
+    measured by the CPU driver on 0.5.14: test/srt/test_verify_reach.py)."""
     C, D = inputs["context_len"], inputs["num_draft_tokens"]
     pool = C + inputs["row_extra"]
     if state.verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE):

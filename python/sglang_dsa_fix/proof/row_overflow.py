@@ -21,6 +21,17 @@ managers/scheduler.py:1868); a finished request's pre-claim is given back. With 
 the next batch is prepared before the previous result is processed
 (event_loop_overlap), so a request gets one more prepare after its last useful verify.
 
+Each prepare is followed by a target_verify run with the batch's ``seq_lens`` (0.5.14
+speculative/eagle_utils.py:309-312 writes the D draft tokens' KV at [seq_lens, seq_lens + D);
+the DSA replay copies ``max(seq_lens) + D`` columns, layers/attention/dsa_backend.py:1217-1219).
+sglang's seq_lens bookkeeping, modelled here: prefill leaves the prompt length
+(speculative/eagle_worker_v2.py:1081-1083), every verify gives ``seq_lens + accept_lens``
+(eagle_worker_v2.py:1530), and the next batch runs with that whether or not its result has been
+processed: with overlap it is published at verify end (eagle_worker_v2.py:1139-1142 ->
+managers/overlap_utils.py:314-318) and read back before the next forward (scheduler.py:3172 ->
+overlap_utils.py:284); without, scheduler.py:3250-3251. The result records each verify's
+seq_len next to the row columns the real prepare had reserved by then.
+
 The neighbour row (the next request's) is filled with a canary. Observers that do not depend
 on any fix: the canary, the [start, end) of every row write (recorded around the real kernel
 call), and the allocator's free size after the request is released.
@@ -72,6 +83,14 @@ class RowResult:
     leaked_slots: int  # KV slots not back in the allocator after release
     prepares: int
     writes: list = field(default_factory=list, repr=False)  # (start, end, row width) per row written
+    # (seq_len, kv_allocated_len) of each target_verify: what it runs with, and the row columns the
+    # real prepare before it had reserved (its draft KV goes to [seq_len, seq_len + D)).
+    verifies: list = field(default_factory=list, repr=False)
+
+    @property
+    def longest_verify_seq_len(self) -> Optional[int]:
+        """The longest seq_len a target_verify ran with; None if the request never decoded."""
+        return max((seq_len for seq_len, _ in self.verifies), default=None)
 
     @property
     def columns_past_row_end(self) -> int:
@@ -292,13 +311,14 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
             device="cpu",
         )
         batch.req_pool_indices = torch.tensor([row], dtype=torch.int64)
-        # 0.5.9 - 0.5.12's prepare copies seq_lens to the host after the row write (eagle_info_v2.py
-        # 0.5.12:174); the value is not read by the reservation.
+        # The prompt length: what prefill leaves for the first verify (0.5.14 eagle_worker_v2.py:
+        # 1081-1083). 0.5.9 - 0.5.12's prepare copies seq_lens to the host after the row write
+        # (eagle_info_v2.py 0.5.12:174); the value is not read by the reservation.
         batch.seq_lens = torch.tensor([case.prompt_len], dtype=torch.int64)
         batch.sampling_info = SimpleNamespace(penalizer_orchestrator=SimpleNamespace(is_required=False))
         prepare = _prepare_for_decode()
         recorder = _WriteRecorder()
-        pending, pre_claims, prepares, last_committed = None, None, 0, None
+        pending, pre_claims, prepares, last_committed, verifies = None, None, 0, None, []
 
         def process(accepted: int) -> None:
             nonlocal outputs
@@ -320,6 +340,11 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
                     prepares += 1
                     pre_claims = committed.kv_committed_len == before + 1
                     step = case.accept_len
+                    # The verify this prepare feeds runs with batch.seq_lens, and leaves
+                    # seq_lens + accept_len for the next batch (see the module docstring).
+                    allocated = _kv_state(owner, "kv_allocated_len").kv_allocated_len
+                    verifies.append((int(batch.seq_lens.max()), allocated))
+                    batch.seq_lens = batch.seq_lens + case.accept_len
                 else:
                     step = None
                 if case.overlap:
@@ -341,4 +366,5 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         leaked,
         prepares,
         recorder.writes,
+        verifies,
     )
