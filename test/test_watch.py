@@ -11,6 +11,11 @@ Each watch hook is put around the real sglang function the way sglang's HookRegi
 - DSA CUDA-graph replays: the bug #1 replay driver (``proof.replay``) on the pristine backend: a
   TARGET_VERIFY replay that reads past the graph page_table is counted (it then raises), one with
   the runtime fix is not; over a sweep the count equals the replays whose columns exceed the buffer;
+- the other backends' CUDA-graph replays (flashinfer, flashinfer MLA, triton, FlashMLA, TRT-LLM
+  MHA / MLA): the real backend class through its own capture and replay entry on CPU
+  (``graph_backends``), a replay that fits is not counted, one past a deliberately narrowed
+  buffer is; and at sglang's own sizes, the verify replays near the context limit that need more
+  pages than the tables hold (TRT-LLM MHA, TRT-LLM MLA, FlashMLA, flashinfer MLA);
 - no host read on the hot path: the row check runs on ``meta`` tensors, which refuse any read;
 - the plugin registers the watch with the kill switch on, and reports it under ``watch``.
 """
@@ -27,6 +32,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
+import graph_backends
 import torch
 
 from sglang_dsa_fix import plugin, runtime_fix, watch
@@ -353,6 +359,250 @@ class TestFa3Check(unittest.TestCase):
             out = hook(_apply_cuda_graph_metadata, backend, 2, None, seq_lens, 0, None, mode, None, seq_lens)
             self.assertEqual((out, site.count), ("sglang's own", short))
         self.assertEqual((site.width, site.needed), (4, 5))
+
+
+class TestBackendReplays(unittest.TestCase):
+    """The replay check of every other backend whose graph buffer is sized from max_context_len,
+    on the real backend class driven through its own init_forward_metadata_out_graph (capture,
+    then a replay view from the runner's build_replay_fb_view; test/graph_backends.py says what
+    stands in for GPU-only code). A replay that fits counts nothing; one past a deliberately
+    narrowed buffer is counted, and the first violation names the buffer, its width and what
+    the replay needed. Where the kernel that fills the buffer does not stop at its end, what it
+    wrote past the end is compared with req_to_token: the narrowing is real, not only counted.
+
+    Backends (0.5.14): flashinfer, flashinfer MLA, triton, TRT-LLM MHA / MLA (sm100 kernels,
+    metadata only), FlashMLA (sgl_kernel, metadata only). C 64 for the flat buffers (max_bs 2),
+    256 for the tables; D 4."""
+
+    D = 4
+
+    @classmethod
+    def setUpClass(cls):
+        if os.environ.get("TRITON_INTERPRET") != "1":  # conftest sets it where there is no CUDA
+            raise unittest.SkipTest("the backends' Triton fills run on CPU tensors: needs TRITON_INTERPRET=1")
+        if installed_version() != "0.5.14":
+            raise unittest.SkipTest(
+                f"graph_backends builds the backends with 0.5.14's attributes, not {installed_version()}'s"
+            )
+        cls.addClassCleanup(graph_backends.import_flashmla())
+
+    def setUp(self):
+        watch.reset()
+        self.addCleanup(watch.reset)
+
+    def candidate(self, kind):
+        (candidate,) = [c for c in watch.select(installed_version(), resolve=False) if c.kind == kind]
+        return candidate
+
+    def watched(self, kind, built, mode, seq_lens, spec_info=None, stale_host=None, D=None):
+        """Capture (mode, bs) and replay seq_lens with the watch hook around the real entry.
+        Returns (report, the error the replay raised or None); only this site is reported."""
+        backend, stand_ins = built
+        candidate = self.candidate(kind)
+        site = watch.Site(kind, candidate.target, candidate.buffer)
+        tokens = 1 if mode == "DECODE" else D or self.D
+        error = None
+        with (
+            mock.patch.dict(watch._SITES, {candidate.target: site}, clear=True),
+            stand_ins,
+            hooked(candidate.target, watch._HOOK_FACTORIES[kind](site)),
+        ):
+            graph_backends.capture(backend, mode, len(seq_lens), tokens, spec_info)
+            try:
+                graph_backends.replay(backend, mode, seq_lens, tokens, spec_info, stale_host)
+            except (RuntimeError, ValueError) as exc:  # flashinfer's plan refuses, as on a GPU
+                error = exc
+            report = watch.report()
+        self.assertIsNone(site.failed)
+        return report, error
+
+    def assert_fits(self, kind, report, error=None):
+        name = watch.COUNTERS[kind][0]
+        self.assertEqual((report[name], report["graph_replays_short"], error), (0, 0, None))
+        self.assertIsNone(report["first_violation"])
+
+    def assert_short(self, kind, report, width, needed):
+        candidate = self.candidate(kind)
+        self.assertEqual((report[watch.COUNTERS[kind][0]], report["graph_replays_short"]), (1, 1))
+        self.assertEqual(
+            report["first_violation"],
+            dict(where=candidate.target, buffer=candidate.buffer, width=width, needed=needed),
+        )
+
+    def flat_kv_indices(self, backend, seq_lens, extra=0):
+        """What the replay writes into a flat kv_indices: request b's first s + extra slots of
+        pool row b + 1, laid end to end."""
+        rows = backend.req_to_token_pool.req_to_token
+        return torch.cat([rows[b + 1, : s + extra] for b, s in enumerate(seq_lens)]).to(torch.int64)
+
+    def table_page(self, backend, row: int, page_index: int, page: int) -> int:
+        """The page number a table fill writes for pool row ``row``, page ``page_index``."""
+        return int(backend.req_to_token_pool.req_to_token[row, page_index * page]) // page
+
+    # flat kv_indices: the sum of the lengths against the buffer's length
+
+    def test_triton_kv_indices(self):
+        seq_lens, kind = [60, 50], watch.TRITON_REPLAY
+        built = graph_backends.triton_backend(64, self.D)
+        report, error = self.watched(kind, built, "DECODE", seq_lens)
+        self.assert_fits(kind, report, error)
+        written = built[0].cuda_graph_kv_indices[:110].to(torch.int64)
+        self.assertTrue(torch.equal(written, self.flat_kv_indices(built[0], seq_lens)))
+
+        buffer = graph_backends.guarded((100,), dtype=torch.int64)
+        built = graph_backends.triton_backend(64, self.D, kv_indices=buffer)
+        report, error = self.watched(kind, built, "DECODE", seq_lens)
+        self.assertIsNone(error)  # nothing in sglang notices
+        self.assert_short(kind, report, 100, 110)
+        expected = self.flat_kv_indices(built[0], seq_lens)
+        self.assertTrue(torch.equal(graph_backends.past_the_end(buffer)[:10], expected[100:]))
+
+        watch.reset()  # target_verify reads the prefix only: the same 110 entries
+        built = graph_backends.triton_backend(
+            64, self.D, kv_indices=graph_backends.guarded((100,), dtype=torch.int64)
+        )
+        spec = graph_backends.verify_input(2, self.D)
+        self.assert_short(kind, self.watched(kind, built, "TARGET_VERIFY", seq_lens, spec)[0], 100, 110)
+
+    def test_stale_host_lengths_are_not_judged(self):
+        # seq_lens_sum None: the batch published no host lengths; the view's seq_lens_cpu still
+        # holds an earlier batch's (60 + 50 > 100), the replay writes 10 + 10.
+        kind = watch.TRITON_REPLAY
+        built = graph_backends.triton_backend(
+            64, self.D, kv_indices=graph_backends.guarded((100,), dtype=torch.int64)
+        )
+        report, error = self.watched(kind, built, "DECODE", [10, 10], stale_host=[60, 50])
+        self.assert_fits(kind, report, error)
+
+    def test_flashinfer_kv_indices(self):
+        seq_lens, kind = [60, 50], watch.FLASHINFER_REPLAY
+        report, error = self.watched(kind, graph_backends.flashinfer_backend(64, self.D), "DECODE", seq_lens)
+        self.assert_fits(kind, report, error)
+        buffer = graph_backends.guarded((100,))
+        built = graph_backends.flashinfer_backend(64, self.D, kv_indices=buffer)
+        report, error = self.watched(kind, built, "DECODE", seq_lens)
+        self.assertIsNone(error)  # the Triton fill writes straight into the graph buffer
+        self.assert_short(kind, report, 100, 110)
+        expected = self.flat_kv_indices(built[0], seq_lens)
+        self.assertTrue(torch.equal(graph_backends.past_the_end(buffer)[:10].to(torch.int64), expected[100:]))
+
+        # target_verify: spec_info builds s + D per request, the wrapper's plan copies them in.
+        watch.reset()
+        spec = graph_backends.verify_input(2, self.D)
+        built = graph_backends.flashinfer_backend(64, self.D)
+        report, error = self.watched(kind, built, "TARGET_VERIFY", seq_lens, spec)
+        self.assert_fits(kind, report, error)
+        written = built[0].cuda_graph_kv_indices[0][:118].to(torch.int64)
+        self.assertTrue(torch.equal(written, self.flat_kv_indices(built[0], seq_lens, self.D)))
+        watch.reset()
+        built = graph_backends.flashinfer_backend(64, self.D, kv_indices=graph_backends.guarded((115,)))
+        report, error = self.watched(
+            kind, built, "TARGET_VERIFY", seq_lens, graph_backends.verify_input(2, self.D)
+        )
+        self.assertIsInstance(error, ValueError)
+        self.assert_short(kind, report, 115, 118)
+
+    def test_flashinfer_mla_kv_indices(self):
+        seq_lens, kind = [50, 40], watch.FLASHINFER_MLA_REPLAY
+        built = graph_backends.flashinfer_mla_backend(64, self.D)
+        report, error = self.watched(
+            kind, built, "TARGET_VERIFY", seq_lens, graph_backends.verify_input(2, self.D)
+        )
+        self.assert_fits(kind, report, error)
+        written = built[0].cuda_graph_kv_indices[:98].to(torch.int64)
+        self.assertTrue(torch.equal(written, self.flat_kv_indices(built[0], seq_lens, self.D)))
+        built = graph_backends.flashinfer_mla_backend(64, self.D, kv_indices=graph_backends.guarded((90,)))
+        report, error = self.watched(
+            kind, built, "TARGET_VERIFY", seq_lens, graph_backends.verify_input(2, self.D)
+        )
+        self.assertIsInstance(error, RuntimeError)  # the plan's copy into a shorter slice
+        self.assert_short(kind, report, 90, 98)
+
+    # per-request tables: pages of the longest request against the table's width
+
+    def test_trtllm_mha_page_table(self):
+        # C 256, page 16: 16 pages. target_verify fills ceil((s + D) / 16) pages per request:
+        # s 238 needs 16 (15 without D).
+        kind = watch.TRTLLM_MHA_REPLAY
+        report, error = self.watched(
+            kind, graph_backends.trtllm_mha_backend(256, self.D), "TARGET_VERIFY", [200, 238]
+        )
+        self.assert_fits(kind, report, error)
+        built = graph_backends.trtllm_mha_backend(256, self.D, width=15)
+        report, error = self.watched(kind, built, "TARGET_VERIFY", [200, 238])
+        self.assertIsNone(error)
+        self.assert_short(kind, report, 15, 16)
+        # The fill masks by the request's own pages: the last row's 16th page lands past the table.
+        table = graph_backends.verify_table(built[0])
+        self.assertEqual(int(graph_backends.past_the_end(table)[0, 0]), self.table_page(built[0], 2, 15, 16))
+
+    def test_trtllm_mla_block_table(self):
+        # C 256, page 64: _calc_padded_blocks pads 4 pages to 64 (0.5.14 trtllm_mla_backend.py:209-230);
+        # s 253 + D 4 needs 5 pages (4 without D).
+        kind = watch.TRTLLM_MLA_REPLAY
+        built = graph_backends.trtllm_mla_backend(256, self.D)
+        self.assertEqual(built[0].decode_cuda_graph_kv_indices.shape[1], 64)
+        report, error = self.watched(kind, built, "TARGET_VERIFY", [200, 253])
+        self.assert_fits(kind, report, error)
+        built = graph_backends.trtllm_mla_backend(256, self.D, width=4)
+        report, error = self.watched(kind, built, "TARGET_VERIFY", [200, 253])
+        self.assertIsNone(error)
+        self.assert_short(kind, report, 4, 5)
+        table = graph_backends.verify_table(built[0])
+        self.assertEqual(int(graph_backends.past_the_end(table)[0, 0]), self.table_page(built[0], 2, 4, 64))
+
+    def test_flashmla_block_table(self):
+        # C 256: (256 + 64) // 64 = 5 pages; s 253 + D 4 needs 5 (4 without D).
+        kind = watch.FLASHMLA_REPLAY
+        built = graph_backends.flashmla_backend(256, self.D)
+        self.assertEqual(built[0].cuda_graph_kv_indices.shape[1], 5)
+        report, error = self.watched(kind, built, "TARGET_VERIFY", [200, 253])
+        self.assert_fits(kind, report, error)
+        built = graph_backends.flashmla_backend(256, self.D, width=4)
+        report, error = self.watched(kind, built, "TARGET_VERIFY", [200, 253])
+        self.assertIsNone(error)
+        self.assert_short(kind, report, 4, 5)
+        table = graph_backends.verify_table(built[0])
+        self.assertEqual(int(graph_backends.past_the_end(table)[0, 0]), self.table_page(built[0], 2, 4, 64))
+
+    def at_sglang_size(self, kind, built, seq_lens, D, width, needed, page, spills):
+        backend = built[0]
+        table = graph_backends.verify_table(backend)
+        self.assertEqual(tuple(table.shape), (graph_backends.MAX_BS, width))  # as sglang sizes it
+        untouched = int(graph_backends.past_the_end(table)[0, 0])
+        report, error = self.watched(kind, built, "TARGET_VERIFY", seq_lens, D=D)
+        self.assertIsNone(error)
+        self.assert_short(kind, report, width, needed)
+        past = int(graph_backends.past_the_end(table)[0, 0])
+        self.assertEqual(past, self.table_page(backend, 2, width, page) if spills else untouched)
+
+    def test_sglang_sizes_near_the_context_limit(self):
+        # Not narrowed: sglang's own sizes, a target_verify with the longest request at s = C - 3
+        # (the longest a live request verifies at: P + M <= C - 2) in the last row, bs = max_bs.
+        # Metadata only. The table fills launch whole blocks of 4096 tokens' pages for the width
+        # and mask by the request's pages: inside the last block the extra page is written past
+        # the row (here past the table, into the spare row); at a block boundary it is not
+        # written, and the kernel, told s + D, would read the next row's first page (as FA3's).
+        mha, mla, flashmla = watch.TRTLLM_MHA_REPLAY, watch.TRTLLM_MLA_REPLAY, watch.FLASHMLA_REPLAY
+        # C 256, page 16: 16 pages; s + D = 257 needs 17, inside the one 256-page block.
+        built = graph_backends.trtllm_mha_backend(256, 4)
+        self.at_sglang_size(mha, built, [200, 253], 4, width=16, needed=17, page=16, spills=True)
+        # C 4096, page 64: 64 pages, already a multiple of the padding (as C 163840 is); 4097
+        # needs 65, past the one 64-page block: not written.
+        watch.reset()
+        built = graph_backends.trtllm_mla_backend(4096, 4)
+        self.at_sglang_size(mla, built, [4000, 4093], 4, width=64, needed=65, page=64, spills=False)
+        # C 254, D 8: (254 + 64) // 64 = 4 pages; s + D = 259 needs 5.
+        watch.reset()
+        built = graph_backends.flashmla_backend(254, 8)
+        self.at_sglang_size(flashmla, built, [200, 251], 8, width=4, needed=5, page=64, spills=True)
+        # flashinfer MLA: a full batch verifying at C - 3 needs max_bs * (C + 1) > max_bs * C entries.
+        watch.reset()
+        built = graph_backends.flashinfer_mla_backend(64, 4)
+        spec = graph_backends.verify_input(2, 4)
+        report, error = self.watched(watch.FLASHINFER_MLA_REPLAY, built, "TARGET_VERIFY", [61, 61], spec)
+        self.assertIsInstance(error, RuntimeError)
+        self.assert_short(watch.FLASHINFER_MLA_REPLAY, report, 128, 130)
 
 
 class TestPlugin(unittest.TestCase):

@@ -15,9 +15,13 @@ What it counts:
   (``row_columns_past_end``), which land in the next request's row;
 - row reads: ``assign_extend_cache_locs_func`` (same arguments less out_cache_loc), which reads
   the verify slots back out of a row with the same unmasked kernel (``row_reads_past_end``);
-- CUDA-graph replays (bug #1 and its FA3 relative): replays whose graph page_table is narrower
-  than the columns the attention kernel reads (``graph_replays_short``, per backend
-  ``dsa_page_table_short`` / ``fa3_page_table_short``).
+- CUDA-graph replays (bug #1 and its relatives): replays whose graph buffer, sized from
+  max_context_len at capture, is smaller than what the replay asks the attention kernel to read
+  (``graph_replays_short``, one counter per backend: ``dsa_page_table_short``,
+  ``fa3_page_table_short``, ``flashinfer_kv_indices_short``, ``flashinfer_mla_kv_indices_short``,
+  ``triton_kv_indices_short``, ``flashmla_block_table_short``, ``trtllm_mha_page_table_short``,
+  ``trtllm_mla_block_table_short``). Per-row tables compare pages per request, flat index
+  buffers (flashinfer, triton) their total length with the sum of the lengths.
 
 No host synchronisation on the hot path: the row checks accumulate into a small int64 tensor on
 the tensors' own device with in-place device ops (no ``.item()``, no ``bool()`` of a device
@@ -44,6 +48,9 @@ ON_VALUES = ("1", "true", "yes", "on")
 AROUND = "AROUND"  # sglang's HookType name: hook(original_fn, *args, **kwargs)
 
 ROW_WRITE, ROW_READ, DSA_REPLAY, FA3_REPLAY = "row_write", "row_read", "dsa_replay", "fa3_replay"
+FLASHINFER_REPLAY, FLASHINFER_MLA_REPLAY = "flashinfer_replay", "flashinfer_mla_replay"
+TRITON_REPLAY, FLASHMLA_REPLAY = "triton_replay", "flashmla_replay"
+TRTLLM_MHA_REPLAY, TRTLLM_MLA_REPLAY = "trtllm_mha_replay", "trtllm_mla_replay"
 DEVICE_KINDS = (ROW_WRITE, ROW_READ)  # checked on the device
 # Counter names per kind: (sites counted, columns past the end), as report() spells them.
 COUNTERS = {
@@ -51,6 +58,12 @@ COUNTERS = {
     ROW_READ: ("row_reads_past_end", "row_read_columns_past_end"),
     DSA_REPLAY: ("dsa_page_table_short", None),
     FA3_REPLAY: ("fa3_page_table_short", None),
+    FLASHINFER_REPLAY: ("flashinfer_kv_indices_short", None),
+    FLASHINFER_MLA_REPLAY: ("flashinfer_mla_kv_indices_short", None),
+    TRITON_REPLAY: ("triton_kv_indices_short", None),
+    FLASHMLA_REPLAY: ("flashmla_block_table_short", None),
+    TRTLLM_MHA_REPLAY: ("trtllm_mha_page_table_short", None),
+    TRTLLM_MLA_REPLAY: ("trtllm_mla_block_table_short", None),
 }
 GRAPH_TOTAL = "graph_replays_short"
 
@@ -134,6 +147,82 @@ CANDIDATES = (
         FA3_REPLAY,
         "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend._apply_cuda_graph_metadata",
         "page_table (pages)",
+        (0, 5, 13),
+    ),
+    # The other backends whose graph buffers are sized from max_context_len. Each is hooked at
+    # init_forward_metadata_out_graph(forward_batch, in_capture), the entry the decode cuda-graph
+    # runner calls before every replay with build_replay_fb_view's view (0.5.14
+    # decode_cuda_graph_runner.py:116-160, :940-950): one signature from 0.5.13 to 0.5.23,
+    # unlike the private bodies under it. A subclass that inherits the method (or calls it
+    # through super()) is judged by the same rule only where it keeps the same buffer.
+    #
+    # flashinfer: one flat kv_indices buffer of max_num_tokens * max_context_len entries
+    # (0.5.14 flashinfer_backend.py:830-845, 0.5.23 :1100-1115), bound to every graph wrapper.
+    # Replay writes cumsum(lengths) entries into it: decode, the Triton kernel straight into the
+    # wrapper's buffer (:1317-1341); target_verify, spec_info's s + D per request
+    # (eagle_info.py:98-134), copied in by the wrapper's plan; draft_extend_v2, s per request
+    # (eagle_info.py:412-447). Capacity is total, not per request; at sglang's own size
+    # (max_num_tokens = max_bs * D) sum(s + D) stays below it, so only a narrowed buffer counts.
+    Candidate(
+        FLASHINFER_REPLAY,
+        "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.init_forward_metadata_out_graph",
+        "cuda_graph_kv_indices (flat)",
+        (0, 5, 13),
+    ),
+    # flashinfer MLA: the flat buffer is max_bs * max_context_len (0.5.14
+    # flashinfer_mla_backend.py:418-432, 0.5.23 :499-515), fed by decode (s per request,
+    # :449-485 -> :680-705) and target_verify (s + D per request, eagle_info.py:118-125). A
+    # verify batch near the context limit asks for up to max_bs * (C + D - 3): more than it holds.
+    Candidate(
+        FLASHINFER_MLA_REPLAY,
+        "sglang.srt.layers.attention.flashinfer_mla_backend.FlashInferMLAAttnBackend.init_forward_metadata_out_graph",
+        "cuda_graph_kv_indices (flat)",
+        (0, 5, 13),
+    ),
+    # triton: flat cuda_graph_kv_indices of max_num_tokens * max_context_len (0.5.14
+    # triton_backend.py:826-835, 0.5.23 :1224-1230); decode and target_verify write
+    # cumsum(seq_lens) into it, the prefix only (0.5.14 :335-353, :386-400; 0.5.23 :515-534).
+    # Bounded by bs * C <= its size in practice (upstream/ISSUE-fa3-target-verify-page-table.md,
+    # "Triton backend"), but nothing checks it: a narrowed buffer is overrun.
+    Candidate(
+        TRITON_REPLAY,
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata_out_graph",
+        "cuda_graph_kv_indices (flat)",
+        (0, 5, 13),
+    ),
+    # FlashMLA (sgl_kernel only): block table [max_bs, (C + 64) // 64] (0.5.14
+    # flashmla_backend.py:180-192, 0.5.23 :274-286); target_verify fills ceil((s + D) / 64)
+    # pages (0.5.14 :213-262, 0.5.23 :328-380). The fill kernel launches whole 64-page blocks
+    # for the width and masks by the request's own pages, not the row's (triton_ops/
+    # kv_indices.py:99-146): an extra page inside the last block is written into the next row.
+    # C = 254, D = 8, s = 251 (a live request): 5 pages needed, 4 held.
+    Candidate(
+        FLASHMLA_REPLAY,
+        "sglang.srt.layers.attention.flashmla_backend.FlashMLABackend.init_forward_metadata_out_graph",
+        "cuda_graph_kv_indices (pages)",
+        (0, 5, 13),
+    ),
+    # TRT-LLM MHA (sm100): per-mode page tables [max_bs, ceil(C / page)] (0.5.14
+    # trtllm_mha_backend.py:142-146, :302-392; 0.5.23 :351-353, :706-811): decode s (draft
+    # decode s + step + 1), target_verify s + D (0.5.14 :492-566; 0.5.23 :941-1048, one fused
+    # kernel looping max_num_pages), so s = C - 3 with D >= 4 already needs a page more. The
+    # 0.5.14 fill kernel, like FlashMLA's, masks by the request's pages within whole
+    # 4096-token blocks (triton_ops/trtllm_mha_page_table.py:38-93).
+    Candidate(
+        TRTLLM_MHA_REPLAY,
+        "sglang.srt.layers.attention.trtllm_mha_backend.TRTLLMHAAttnBackend.init_forward_metadata_out_graph",
+        "page_table (pages)",
+        (0, 5, 13),
+    ),
+    # TRT-LLM MLA (sm100): block table [max_bs, _calc_padded_blocks(C)], ceil(C / page) padded
+    # to a multiple of 4096 tokens' pages (0.5.14 trtllm_mla_backend.py:209-230, :275-285,
+    # :334-370; 0.5.23 :477-485); target_verify asks for s + D (0.5.14 :372-424, 0.5.23
+    # :604-667), draft_extend_v2 s. Short only where C is at or just below such a multiple
+    # (4096, 163840): s + D then needs one page more.
+    Candidate(
+        TRTLLM_MLA_REPLAY,
+        "sglang.srt.layers.attention.trtllm_mla_backend.TRTLLMMLABackend.init_forward_metadata_out_graph",
+        "block_kv_indices (pages)",
         (0, 5, 13),
     ),
 )
@@ -324,7 +413,9 @@ def _longest(arguments) -> Optional[int]:
 
 
 def _count_short(site: Site, table_width: int, needed: int) -> None:
-    if site.width is None:
+    # The width reported is the first violation's (one class can serve backends of other sizes:
+    # target and draft), else the first one seen.
+    if site.width is None or (needed > table_width and not site.count):
         site.width = table_width
     if needed > table_width:
         site.count += 1
@@ -382,6 +473,146 @@ def _check_fa3(site: Site, arguments) -> None:
     _count_short(site, int(table.shape[1]), -(-(longest + extra) // page))
 
 
+def _graph_replay(arguments):
+    """(backend, view, bs, mode, host lengths[:bs]) of a replay through
+    init_forward_metadata_out_graph; None at capture or without fresh host lengths.
+
+    The view's seq_lens_cpu is the runner's host buffer, refreshed only when the batch carries
+    host lengths (0.5.14 runner_utils/buffers.py:340-343); under spec-v2 overlap a backend that
+    opts out (needs_cpu_seq_lens False: triton, TRT-LLM) gets None for both seq_lens_cpu and
+    seq_lens_sum (managers/overlap_utils.py:291-295), and the view keeps seq_lens_sum None
+    (decode_cuda_graph_runner.py:147-151). So seq_lens_sum None means stale: not judged.
+    """
+    backend, view = next(iter(arguments.values())), arguments.get("forward_batch")
+    if view is None or arguments.get("in_capture"):
+        return None
+    bs, mode = getattr(view, "batch_size", None), getattr(view, "forward_mode", None)
+    lengths = getattr(view, "seq_lens_cpu", None)
+    if not bs or mode is None or getattr(view, "seq_lens_sum", None) is None:
+        return None
+    if getattr(lengths, "device", None) is None or lengths.device.type != "cpu":
+        return None
+    return backend, view, bs, mode, lengths[:bs]
+
+
+def _pages(tokens: int, page: int) -> int:
+    return -(-tokens // page)
+
+
+def _draft_columns(backend, mode) -> Optional[int]:
+    """Columns a per-request MLA table replay reads past seq_len: D for target_verify, none for
+    decode and draft_extend_v2; None for the modes these backends do not replay from a graph."""
+    if mode.is_target_verify():
+        return backend.num_draft_tokens or 0
+    if mode.is_decode_or_idle() or mode.is_draft_extend_v2():
+        return 0
+    return None
+
+
+def _check_flashinfer(site: Site, arguments) -> None:
+    """Entries written into the flat kv_indices: sum(s) (+ D per request for target_verify)."""
+    replay = _graph_replay(arguments)
+    if replay is None:
+        return
+    backend, view, bs, mode, lengths = replay
+    spec = getattr(view, "spec_info", None)
+    # Draft decode brings its own kv_indptr / kv_indices (the multi-step draft backend's buffer).
+    if mode.is_decode_or_idle() and getattr(spec, "kv_indptr", None) is None:
+        needed = int(lengths.sum())
+    elif mode.is_target_verify() and spec is not None:
+        needed = int(lengths.sum()) + bs * (getattr(spec, "draft_token_num", 0) or 0)
+    elif mode.is_draft_extend_v2():
+        needed = int(lengths.sum())
+    else:
+        return
+    buffers = getattr(backend, "cuda_graph_kv_indices", None)
+    if isinstance(buffers, list) and buffers:
+        _count_short(site, int(buffers[0].numel()), needed)
+
+
+def _check_flashinfer_mla(site: Site, arguments) -> None:
+    """Entries written into the flat kv_indices: decode sum(s), target_verify sum(s + D)."""
+    replay = _graph_replay(arguments)
+    if replay is None:
+        return
+    backend, view, bs, mode, lengths = replay
+    spec = getattr(view, "spec_info", None)
+    if mode.is_decode_or_idle() and spec is None:
+        needed = int(lengths.sum())
+    elif mode.is_target_verify() and spec is not None:
+        needed = int(lengths.sum()) + bs * (getattr(spec, "draft_token_num", 0) or 0)
+    else:
+        return
+    buffer = getattr(backend, "cuda_graph_kv_indices", None)
+    if buffer is not None and buffer.dim() == 1:  # FlashMLA / Cutlass MLA keep a 2-D table here
+        _count_short(site, int(buffer.numel()), needed)
+
+
+def _check_triton(site: Site, arguments) -> None:
+    """Entries written into the flat kv_indices: sum(s), decode and target_verify (prefix only).
+    draft_extend_v2 writes s - extend per request, less than that, with extend lengths only on
+    the device: not judged. Draft decode reads the multi-step backend's own buffer."""
+    replay = _graph_replay(arguments)
+    if replay is None:
+        return
+    backend, view, _, mode, lengths = replay
+    spec = getattr(view, "spec_info", None)
+    if not (mode.is_target_verify() or (mode.is_decode_or_idle() and spec is None)):
+        return
+    buffer = getattr(backend, "cuda_graph_kv_indices", None)
+    if buffer is not None:
+        _count_short(site, int(buffer.numel()), int(lengths.sum()))
+
+
+def _check_flashmla(site: Site, arguments) -> None:
+    """Pages per request vs the block table: ceil(max(s) (+ D for target_verify) / 64)."""
+    replay = _graph_replay(arguments)
+    if replay is None:
+        return
+    backend, _, _, mode, lengths = replay
+    extra = _draft_columns(backend, mode)
+    table = getattr(backend, "cuda_graph_kv_indices", None)
+    if extra is not None and table is not None and table.dim() == 2:
+        page = getattr(inspect.getmodule(type(backend)), "PAGE_SIZE", 64)
+        _count_short(site, int(table.shape[1]), _pages(int(lengths.max()) + extra, page))
+
+
+def _check_trtllm_mha(site: Site, arguments) -> None:
+    """Pages per request vs the per-mode page_table (topk 1): decode s (draft decode
+    s + step + 1), target_verify s + D (the captured max_seq_len_q), draft_extend_v2 s."""
+    replay = _graph_replay(arguments)
+    if replay is None:
+        return
+    backend, view, bs, mode, lengths = replay
+    if mode.is_target_verify():
+        metadata = getattr(backend, "target_verify_metadata", {}).get(bs)
+        extra = getattr(metadata, "max_seq_len_q", 0)
+    elif mode.is_decode_or_idle():
+        metadata = getattr(backend, "decode_cuda_graph_metadata", {}).get(bs)
+        spec = getattr(view, "spec_info", None) is not None
+        extra = (getattr(backend, "speculative_step_id", 0) or 0) + 1 if spec else 0
+    elif mode.is_draft_extend_v2():
+        metadata, extra = getattr(backend, "draft_extend_metadata", {}).get(bs), 0
+    else:
+        return
+    table = getattr(metadata, "page_table", None)
+    if table is not None:
+        _count_short(site, int(table.shape[1]), _pages(int(lengths.max()) + extra, backend.page_size))
+
+
+def _check_trtllm_mla(site: Site, arguments) -> None:
+    """Pages per request vs the block table: decode and draft_extend_v2 s, target_verify s + D."""
+    replay = _graph_replay(arguments)
+    if replay is None:
+        return
+    backend, _, bs, mode, lengths = replay
+    extra = _draft_columns(backend, mode)
+    metadata = getattr(backend, "decode_cuda_graph_metadata", {}).get(bs)
+    table = getattr(metadata, "block_kv_indices", None)
+    if extra is not None and table is not None:
+        _count_short(site, int(table.shape[1]), _pages(int(lengths.max()) + extra, backend.page_size))
+
+
 def _replay_hook(check):
     def factory(site: Site):
         def watch_replay(original_fn, *args, **kwargs):
@@ -403,6 +634,12 @@ _HOOK_FACTORIES = {
     ROW_READ: _row_read_hook,
     DSA_REPLAY: _replay_hook(_check_dsa),
     FA3_REPLAY: _replay_hook(_check_fa3),
+    FLASHINFER_REPLAY: _replay_hook(_check_flashinfer),
+    FLASHINFER_MLA_REPLAY: _replay_hook(_check_flashinfer_mla),
+    TRITON_REPLAY: _replay_hook(_check_triton),
+    FLASHMLA_REPLAY: _replay_hook(_check_flashmla),
+    TRTLLM_MHA_REPLAY: _replay_hook(_check_trtllm_mha),
+    TRTLLM_MLA_REPLAY: _replay_hook(_check_trtllm_mla),
 }
 
 
