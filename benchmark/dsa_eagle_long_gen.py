@@ -291,13 +291,12 @@ def page_table_bytes(args) -> dict:
     """Per variant, the target-verify graph buffer, max_bs * D rows x width x 4 B; widths as
     `status` reads them from the installed sglang (pristine: its own width expression; fixed:
     req_to_token's)."""
-    from sglang_dsa_fix import status, width
-    from sglang_dsa_fix import tree as trees
+    from sglang_dsa_fix import resolve, status, width
 
     D = draft_tokens(args)
     spec = width.SpecShape(args.context_length, D, args.speculative_num_steps, page_size=64)
     # The configuration as `sglang-dsa-fix status --context-length ...` builds it (cli.py).
-    report = status.collect(None, status.static_configuration(spec, trees.find_tree(None)))
+    report = status.collect(None, resolve.Request(shape=spec))
     page_table = next(b for b in report["bugs"] if b["bug"] == "page_table")
     pristine = page_table.get("at_configuration") or {}
     fixed_pool = args.context_length + width.fixed_row_extra(report["sglang_version"], spec)

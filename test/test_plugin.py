@@ -19,7 +19,7 @@ from helpers import INSTALLED, PAGE_TABLE_SITE, ROW_SITE
 from sglang_dsa_fix import plugin, status, width
 
 POOL_WIDTH = 512 + 4 + 5  # Case(512, D=5): the pristine pool
-PRISTINE_WIDTH = status.evaluate_width(PAGE_TABLE_SITE.found, 512, 5, POOL_WIDTH)
+PRISTINE_WIDTH = width.evaluate_page_table_expression(PAGE_TABLE_SITE.found, 512, 5, POOL_WIDTH)
 ROW_ARGS = dict(
     speculative_algorithm="EAGLE",
     speculative_num_steps=11,

@@ -29,6 +29,50 @@ LLAMA = {
     "torch_dtype": "bfloat16",
 }
 NGRAM = ["--speculative-algorithm", "ngram", "--context-length", "4096", "--device", "cuda"]
+# A DeepSeek-V3.2 (DSA) config.json with the sm90 constraints sglang's DSA path checks.
+DSV32 = {
+    "architectures": ["DeepseekV32ForCausalLM"],
+    "model_type": "deepseek_v32",
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "vocab_size": 129280,
+    "max_position_embeddings": 163840,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "index_head_dim": 128,
+    "index_n_heads": 64,
+    "index_topk": 2048,
+    "num_nextn_predict_layers": 1,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "torch_dtype": "bfloat16",
+}
+
+
+def eagle(steps: int, draft_tokens: int, context_length: int = 512) -> list:
+    return [
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-num-draft-tokens",
+        str(draft_tokens),
+        "--speculative-eagle-topk",
+        "1",
+        "--context-length",
+        str(context_length),
+        "--device",
+        "cuda",
+    ]
 
 
 class TestResolvedBySglang(unittest.TestCase):
@@ -38,6 +82,9 @@ class TestResolvedBySglang(unittest.TestCase):
         cls.model = cls.tmp / "llama"
         cls.model.mkdir()
         (cls.model / "config.json").write_text(json.dumps(LLAMA))
+        cls.dsa_model = cls.tmp / "dsv32"
+        cls.dsa_model.mkdir()
+        (cls.dsa_model / "config.json").write_text(json.dumps(DSV32))
         # The installed sglang, linked file by file into a site dir of its own (no plugin there):
         # files the test edits are replaced by real copies.
         cls.site = cls.tmp / "site"
@@ -104,6 +151,34 @@ class TestResolvedBySglang(unittest.TestCase):
         at = self.bug(report, "req_to_token_row")["at_configuration"]
         self.assertEqual((at["row_extra"], at["decode_reserve"]), (17, 48))
         self.assertEqual(at["columns_past_row_end"], 48 - 3 - 17)
+
+    @unittest.skipUnless(INSTALLED.version == "0.5.14", "bug #1's pristine width C + D is 0.5.14's")
+    def test_dsa_graph_width_from_the_backends_own_init_cuda_graph_state(self):
+        # DeepSeek-V3.2: sglang resolves page 64 and the dsa backend (model overrides). The graph
+        # page_table width is what the tree's own init_cuda_graph_state allocates (C + D on
+        # 0.5.14): at D 5 the longest verify (C + 1) reads C + 6 columns, one past it.
+        rc, report, _ = self.status("--model-path", str(self.dsa_model), *eagle(4, 5))
+        config = report["configuration"]
+        self.assertEqual((config["page_size"], config["attention_backend"]), (64, "dsa"))
+        page_table = self.bug(report, "page_table")
+        at = page_table["at_configuration"]
+        self.assertEqual((at["graph_page_table_width"], at["longest_verify_seq_len"]), (517, 513))
+        self.assertTrue(
+            at["graph_page_table_from"].endswith("DeepseekSparseAttnBackend.init_cuda_graph_state")
+        )
+        # The plugin is installed in the test's environment, not in this site dir.
+        self.assertEqual((page_table["state"], rc), ("affected", 1))
+        self.assertEqual(self.bug(report, "req_to_token_row")["state"], "not_reachable")  # page 64, D 5
+        # The width is the code's, not the expression's: the same expression over a doubled D.
+        self.edit(
+            "srt/layers/attention/dsa_backend.py",
+            b'        to avoid memory allocations.\n        """\n',
+            b'        to avoid memory allocations.\n        """\n        self.speculative_num_draft_tokens *= 2\n',
+        )
+        rc, report, _ = self.status("--model-path", str(self.dsa_model), *eagle(4, 5))
+        page_table = self.bug(report, "page_table")
+        self.assertEqual(page_table["at_configuration"]["graph_page_table_width"], 522)
+        self.assertEqual((page_table["state"], rc), ("not_reachable", 0))
 
     @unittest.skipUnless(
         os.environ.get("SGLANG_DSA_FIX_FULL") == "1", "make test-full (keeps the fast tier < 4 min)"

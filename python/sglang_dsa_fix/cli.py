@@ -74,17 +74,11 @@ def run_status(args) -> tuple[dict, str, int]:
         timeout = args.timeout or server_status.DEFAULT_TIMEOUT
         report = server_status.from_server(args.url, timeout=timeout, api_key=args.api_key)
         return report, render_server(report), report["exit_code"]
-    resolved = None
-    if args.launch_args is not None:
-        from sglang_dsa_fix import resolve
+    from sglang_dsa_fix import resolve
 
-        resolved = resolve.resolve(
-            trees.find_tree(args.sglang_root),
-            args.launch_args,
-            python=args.python,
-            gpu=args.gpu,
-            prove=args.prove,
-        )
+    request = None
+    if args.launch_args is not None:
+        request = resolve.Request(args.launch_args, python=args.python, gpu=args.gpu, prove=args.prove)
     elif args.context_length is not None:
         D = args.speculative_num_draft_tokens
         shape = width.SpecShape(
@@ -96,8 +90,8 @@ def run_status(args) -> tuple[dict, str, int]:
             has_draft_kv=args.speculative_algorithm != "NGRAM",
             overlap=not args.disable_overlap_schedule,
         )
-        resolved = status.static_configuration(shape, trees.find_tree(args.sglang_root))
-    report = status.collect(args.sglang_root, resolved)
+        request = resolve.Request(shape=shape)
+    report = status.collect(args.sglang_root, request)
     return report, render_status(report), report["exit_code"]
 
 
@@ -149,7 +143,8 @@ def _at_configuration_line(bug: dict) -> str:
         )
         return (
             f"  at this configuration: req_to_token width {at['req_to_token_width']}, graph "
-            f"page_table width {at['graph_page_table_width']}, longest target_verify seq_len "
+            f"page_table width {at['graph_page_table_width']} ({at['graph_page_table_from']}), longest "
+            "target_verify seq_len "
             f"{at['longest_verify_seq_len']} -> {verdict}"
         )
     verdict = (

@@ -14,6 +14,11 @@ sglang's argument processing asks the device (0.5.14 server_args.py:2521
 arg_groups/model_hook.py:341 and overrides.py:512/631 ``torch.cuda.get_device_capability``,
 memory_hook.py:78, and the platform probes through runtime_context.py:1874): the child answers
 those from a ``GPU_PROFILES`` entry, so a CPU machine resolves what the server's GPU would.
+
+This module is the flow's configuration step (``status.collect``): ``configuration(tree,
+version, request)`` turns a ``Request`` into ``{"basis", "configuration", "widths", ...}``,
+resolved by sglang (``basis: sglang``) or, for the old shape flags and where sglang cannot be
+imported, by the static rule at the release the tree's files say (``basis: static``).
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from sglang_dsa_fix import width
 from sglang_dsa_fix.tree import SglangTree, ToolError
 
 # name -> what sglang's probes see. mem_mib as the driver reports it.
@@ -68,6 +75,44 @@ DSA_BACKENDS = ("dsa", "nsa")
 
 
 # ------------------------------------------------------------------------------ parent side
+
+
+@dataclass(frozen=True)
+class Request:
+    """Which configuration to judge: the deployment's launch_server arguments (resolved by
+    sglang), or the old shape flags (the static rule)."""
+
+    launch_args: Optional[list] = None
+    shape: Optional[width.SpecShape] = None
+    python: Optional[str] = None  # the interpreter that imports the target sglang
+    gpu: Optional[str] = None  # a GPU_PROFILES name
+    prove: bool = False  # also drive sglang's decode path on CPU (``_prove``)
+
+
+def configuration(tree: SglangTree, version: str, request: Request) -> dict:
+    """The configuration step of the verdict flow. ``version``: the release whose pristine
+    arithmetic the static rule uses (the tree's files decide it, ``source_patch.read_tree``)."""
+    if request.launch_args is not None:
+        return resolve(tree, request.launch_args, version, request.python, request.gpu, request.prove)
+    return static(request.shape, version)
+
+
+def static(shape: width.SpecShape, version: str) -> dict:
+    """The static rule's configuration and widths for a shape (``"basis": "static"``)."""
+    config = {
+        "speculative_algorithm": "EAGLE" if shape.has_draft_kv else "NGRAM",
+        "speculative_num_draft_tokens": shape.speculative_num_draft_tokens,
+        "speculative_eagle_topk": shape.speculative_eagle_topk,
+        "speculative_num_steps": shape.speculative_num_steps,
+        "page_size": shape.page_size,
+        "context_length": shape.context_length,
+        "disable_overlap_schedule": not shape.overlap,
+    }
+    widths = {
+        "row_extra": width.pristine_row_extra(version, shape),
+        "decode_reserve": width.reserve_per_decode(shape, version),
+    }
+    return {"basis": "static", "configuration": config, "widths": widths}
 
 
 def _venv_python(tree: SglangTree) -> Optional[Path]:
@@ -113,6 +158,7 @@ def gpu_profile(name: Optional[str]) -> tuple:
 def resolve(
     tree: SglangTree,
     launch_args: list,
+    version: str,
     python: Optional[str] = None,
     gpu: Optional[str] = None,
     prove: bool = False,
@@ -160,7 +206,9 @@ def resolve(
         raise ToolError(f"{interpreter}: resolving the arguments failed (exit {done.returncode}: {tail})")
     result = json.loads(lines[-1][len(RESULT_MARK) :])
     if result.get("error_kind") == "import":
-        return static_fallback(tree, launch_args, f"{interpreter} cannot import sglang ({result['error']})")
+        return static_fallback(
+            launch_args, version, f"{interpreter} cannot import sglang ({result['error']})"
+        )
     if "error" in result:
         raise ToolError(f"sglang rejected the launch arguments: {result['error']}")
     result["resolved_with"] = (
@@ -171,10 +219,8 @@ def resolve(
     return result
 
 
-def static_fallback(tree: SglangTree, launch_args: list, why: str) -> dict:
+def static_fallback(launch_args: list, version: str, why: str) -> dict:
     """The static rule on the flags it knows, said as such."""
-    from sglang_dsa_fix import status, width
-
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--context-length", type=int)
     parser.add_argument("--speculative-num-draft-tokens", type=int)
@@ -199,7 +245,7 @@ def static_fallback(tree: SglangTree, launch_args: list, why: str) -> dict:
         has_draft_kv=args.speculative_algorithm != "NGRAM",
         overlap=not args.disable_overlap_schedule,
     )
-    out = status.static_configuration(shape, tree)
+    out = static(shape, version)
     out["basis_note"] = why
     return out
 
@@ -433,6 +479,44 @@ def _widths(server_args) -> dict:
     }
 
 
+def _graph_page_table_width(config: dict, widths: dict) -> dict:
+    """Bug #1's buffer as the tree's own DSA/NSA backend allocates it: its
+    ``init_cuda_graph_state`` run on CPU (bs 1) over a ``req_to_token`` of the width sglang
+    sizes for this configuration; the width of the graph ``page_table`` it allocated. Empty
+    where the configuration has no DSA graph (the verdict then says why) or the backend cannot
+    be built here (the parent then evaluates the file's expression, and says so)."""
+    algorithm, D = config.get("speculative_algorithm"), config.get("speculative_num_draft_tokens") or 0
+    backend_name = config.get("decode_attention_backend") or config.get("attention_backend")
+    if not algorithm or config.get("disable_cuda_graph") or backend_name not in DSA_BACKENDS:
+        return {}
+    if "row_extra" not in widths:
+        return {}
+    try:
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+        from sglang_dsa_fix.proof import replay
+
+        _, backend_cls = replay.import_backend_class()
+        if backend_cls is None:
+            return {}
+        C = int(config["context_length"])
+        pool = ReqToTokenPool(
+            size=1, max_context_len=C + widths["row_extra"], device="cpu", enable_memory_saver=False
+        )
+        case = replay.Case(C, D, config.get("page_size") or 1, 1)
+        backend = replay.make_backend(backend_cls, case, pool)
+        backend.init_cuda_graph_state(1, D)
+        table = width.graph_page_table(backend)
+    except Exception as exc:  # attributes a release reads that make_backend does not set
+        return {"graph_page_table_error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    if table is None:
+        return {}
+    return {
+        "graph_page_table_width": int(table.shape[1]),
+        "graph_page_table_from": f"{backend_cls.__module__}.{backend_cls.__name__}.init_cuda_graph_state",
+    }
+
+
 def child_main(argv: list) -> None:
     """In the target environment: print one RESULT_MARK line of JSON, whatever happens."""
     import contextlib
@@ -468,6 +552,7 @@ def child_main(argv: list) -> None:
     except BaseException as exc:
         _emit({"error_kind": "arguments", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         return
+    widths.update(_graph_page_table_width(config, widths))
     result = {
         "sglang_version": getattr(sglang, "__version__", None),
         "configuration": config,

@@ -189,6 +189,27 @@ def inspect(tree: SglangTree, use_backups: bool = True) -> list:
         raise ToolError(f"{exc.filename or tree.package}: cannot read ({exc.strerror})") from None
 
 
+@dataclass
+class TreeReport:
+    """What one tree's files say, read once: per bug a ``BugState``, and the release whose
+    pristine arithmetic applies (its label, unless the files' shape contradicts it; then the
+    files win and ``version_note`` says so)."""
+
+    tree: SglangTree
+    states: list
+    arithmetic_version: str
+    version_note: str = ""
+
+
+def read_tree(tree: SglangTree) -> TreeReport:
+    """The tree step of the verdict flow (``status.collect``): ``check`` and the release the
+    files say, under one shared lock."""
+    with locked(tree, exclusive=False):
+        states = inspect(tree)
+        version, note = sites.arithmetic_version(tree)
+    return TreeReport(tree, states, version, note)
+
+
 def check(tree: SglangTree, wait: bool = True, use_backups: bool = True) -> list:
     """``inspect`` under the shared lock (never sees a half-finished apply of another run).
 

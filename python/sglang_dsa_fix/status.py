@@ -1,44 +1,30 @@
 """``check`` and ``status``: is THIS tree / deployment protected, per bug? One flow, one way:
 
-    tree (``source_patch.check``: what the files say)
-    + plugin (the TARGET environment's own metadata, never the caller's Python unless that is it)
-    + configuration (optional): resolved by sglang itself (``resolve``: its ServerArgs in a child
-      process, widths from its own sizing functions), or the static rule from shape flags,
-      labelled ``"basis": "static"``
-    → per bug a ``verdicts.State`` (``verdicts.judge``) → exit code.
+    1. tree: ``source_patch.read_tree`` (what the files say, per bug, and which release's
+       arithmetic they carry), and the plugin (the TARGET environment's own metadata, never the
+       caller's Python unless that is it);
+    2. configuration and widths (optional): ``resolve.configuration`` — sglang's own ServerArgs
+       resolution and sizing functions in a child process, or the static rule for the old shape
+       flags, labelled ``"basis": "static"``;
+    3. per bug a ``verdicts.State`` (``verdicts.judge``) from 1 and 2;
+    4. the exit code (``verdicts.combined_exit``).
 
 ``check`` is this flow without a configuration; ``status --url`` (``server_status``) judges what
-a live server reports with the same states. Returns data; cli.py renders it.
+a live server reports with the same states. Each step reads only what the steps before it
+returned. Returns data; cli.py renders it.
 """
 
 from __future__ import annotations
 
-import ast
 import configparser
 from importlib import metadata
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Optional
 
-from sglang_dsa_fix import backends, plugin, resolve, sites, source_patch, width
+from sglang_dsa_fix import backends, plugin, resolve, source_patch, width
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.verdicts import Bug, State, Verdict, combined_exit, judge
 
-# Nodes a width expression may use for us to evaluate it (e.g. ``self.max_context_len +
-# (self.speculative_num_draft_tokens or 0)``); anything else is reported, not evaluated.
-_SAFE_NODES = (
-    ast.Expression,
-    ast.BinOp,
-    ast.BoolOp,
-    ast.Add,
-    ast.Sub,
-    ast.Or,
-    ast.Attribute,
-    ast.Name,
-    ast.Load,
-    ast.Constant,
-    ast.Subscript,
-)
 PLUGIN_VALUE_PREFIX = "sglang_dsa_fix."
 KILL_SWITCH_NOTE = (
     f"enabled unless {plugin.KILL_SWITCH}=0 (or SGLANG_PLUGINS naming neither "
@@ -116,22 +102,6 @@ def plugin_report(tree, own_environment: bool) -> dict:
     }
 
 
-def evaluate_width(expression: str, context_len: int, draft: int, pool_width: int) -> Optional[int]:
-    """Evaluate the release's own page_table width expression for a shape (None if not plain)."""
-    parsed = ast.parse(expression, mode="eval")
-    if not all(isinstance(node, _SAFE_NODES) for node in ast.walk(parsed)):
-        return None
-    fake_self = SimpleNamespace(
-        max_context_len=context_len,
-        speculative_num_draft_tokens=draft,
-        req_to_token=SimpleNamespace(shape=(None, pool_width)),
-    )
-    try:
-        return int(eval(compile(parsed, "<width>", "eval"), {"__builtins__": {}}, {"self": fake_self}))
-    except Exception:
-        return None
-
-
 # ------------------------------------------------------------------------------ per bug, per configuration
 
 
@@ -155,6 +125,8 @@ def decision_inputs(resolved: dict) -> dict:
         or config.get("page_size", 1) * (config.get("attn_dcp_size") or config.get("dcp_size") or 1),
         "row_extra": widths["row_extra"],
         "decode_reserve": widths["decode_reserve"],
+        "graph_page_table_width": widths.get("graph_page_table_width"),
+        "graph_page_table_from": widths.get("graph_page_table_from"),
     }
     if str(algorithm).upper() == "DFLASH":
         inputs["row_note"] = DFLASH_NOTE
@@ -174,12 +146,20 @@ def page_table_at(state, inputs: dict) -> dict:
     measured by the CPU driver on 0.5.14: test/srt/test_verify_reach.py)."""
     C, D = inputs["context_len"], inputs["num_draft_tokens"]
     pool = C + inputs["row_extra"]
-    if state.verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE):
-        buffer = pool
-    else:
-        buffer = evaluate_width(state.site.found, C, D, pool)
+    buffer, source = inputs.get("graph_page_table_width"), inputs.get("graph_page_table_from")
+    if buffer is None:  # the static rule: the file's own expression at this shape
+        source = "static rule: the file's width expression"
+        if state.verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE):
+            buffer = pool
+        else:
+            buffer = width.evaluate_page_table_expression(state.site.found, C, D, pool)
     longest = width.verify_seq_len_bound(C, D, inputs["overlap"])
-    out = {"req_to_token_width": pool, "graph_page_table_width": buffer, "longest_verify_seq_len": longest}
+    out = {
+        "req_to_token_width": pool,
+        "graph_page_table_width": buffer,
+        "graph_page_table_from": source,
+        "longest_verify_seq_len": longest,
+    }
     if inputs.get("page_table_not_reachable"):
         out.update(reachable=False, why_not=inputs["page_table_not_reachable"])
     elif buffer is None:
@@ -216,69 +196,49 @@ def measured(at: dict, prove: dict) -> dict:
     return {**prove, "agrees_with_arithmetic": prove["columns_past_row_end"] == at["columns_past_row_end"]}
 
 
-def static_configuration(shape: width.SpecShape, tree) -> dict:
-    """The static rule's numbers for shape flags (``"basis": "static"``), with the release the
-    tree's files say (``sites.arithmetic_version``)."""
-    version = sites.arithmetic_version(tree)[0]
-    config = {
-        "speculative_algorithm": "EAGLE" if shape.has_draft_kv else "NGRAM",
-        "speculative_num_draft_tokens": shape.speculative_num_draft_tokens,
-        "speculative_eagle_topk": shape.speculative_eagle_topk,
-        "speculative_num_steps": shape.speculative_num_steps,
-        "page_size": shape.page_size,
-        "context_length": shape.context_length,
-        "disable_overlap_schedule": not shape.overlap,
-    }
-    widths = {
-        "row_extra": width.pristine_row_extra(version, shape),
-        "decode_reserve": width.reserve_per_decode(shape, version),
-    }
-    return {"basis": "static", "configuration": config, "widths": widths}
-
-
 # ------------------------------------------------------------------------------ the flow
 
 
-def collect(root: Optional[str], resolved: Optional[dict] = None) -> dict:
-    """The whole report for a tree, and for a configuration when ``resolved`` is given (from
-    ``resolve.resolve`` or ``static_configuration``). ToolError when the tree cannot be judged."""
-    tree = trees.find_tree(root)
-    states = source_patch.check(tree)
+def collect(root: Optional[str], request: Optional[resolve.Request] = None) -> dict:
+    """The whole report for a tree, and for a configuration when ``request`` names one.
+    ToolError when the tree cannot be judged or sglang rejects the arguments."""
+    files = source_patch.read_tree(trees.find_tree(root))
+    tree = files.tree
     plugin_info = plugin_report(tree, own_environment=root is None)
-    version, version_note = sites.arithmetic_version(tree)
-    report = {
-        "sglang_version": tree.version,
-        "sglang_path": str(tree.package),
-        "plugin": plugin_info,
-    }
-    if version_note:
-        report["version_note"] = version_note
+    resolved = None
+    if request is not None:
+        resolved = resolve.configuration(tree, files.arithmetic_version, request)
+    report = {"sglang_version": tree.version, "sglang_path": str(tree.package), "plugin": plugin_info}
+    if files.version_note:
+        report["version_note"] = files.version_note
     if resolved is not None:
         report.update(resolved)
-    bugs = []
-    for state in states:
-        entry = state.to_dict()
-        plugin_fixes = plugin_info["live"] and state.site is not None and state.site.hookable
-        reachable = None
-        if resolved is not None and state.site is not None and state.verdict is not Verdict.NOT_COVERED:
-            inputs = decision_inputs(resolved)
-            if state.bug is Bug.PAGE_TABLE:
-                entry["at_configuration"] = page_table_at(state, inputs)
-            else:
-                entry["at_configuration"] = row_at(version, inputs)
-                if "prove" in resolved:
-                    entry["at_configuration"]["measured"] = measured(
-                        entry["at_configuration"], resolved["prove"]
-                    )
-            reachable = entry["at_configuration"]["reachable"]
-        verdict = judge(state.verdict, plugin_fixes, reachable)
-        entry.update(state=verdict.token, state_text=verdict.text, exit_code=verdict.exit_code)
-        if verdict in (State.AFFECTED, State.STALE_BYTECODE):
-            entry["advice"] = _advice(plugin_info, state)
-        bugs.append(entry)
-    report["bugs"] = bugs
-    report["exit_code"] = combined_exit(b["exit_code"] for b in bugs)
+    report["bugs"] = [
+        _bug_entry(state, plugin_info, files.arithmetic_version, resolved) for state in files.states
+    ]
+    report["exit_code"] = combined_exit(b["exit_code"] for b in report["bugs"])
     return report
+
+
+def _bug_entry(state, plugin_info: dict, version: str, resolved: Optional[dict]) -> dict:
+    entry = state.to_dict()
+    plugin_fixes = plugin_info["live"] and state.site is not None and state.site.hookable
+    reachable = None
+    if resolved is not None and state.site is not None and state.verdict is not Verdict.NOT_COVERED:
+        inputs = decision_inputs(resolved)
+        if state.bug is Bug.PAGE_TABLE:
+            at = page_table_at(state, inputs)
+        else:
+            at = row_at(version, inputs)
+            if "prove" in resolved:
+                at["measured"] = measured(at, resolved["prove"])
+        entry["at_configuration"] = at
+        reachable = at["reachable"]
+    verdict = judge(state.verdict, plugin_fixes, reachable)
+    entry.update(state=verdict.token, state_text=verdict.text, exit_code=verdict.exit_code)
+    if verdict in (State.AFFECTED, State.STALE_BYTECODE):
+        entry["advice"] = _advice(plugin_info, state)
+    return entry
 
 
 def _advice(plugin_info, state) -> str:

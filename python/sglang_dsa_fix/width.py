@@ -24,8 +24,10 @@ This module imports no torch and no sglang at import time.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 # --------------------------------------------------------------------------------------------
@@ -33,6 +35,42 @@ from typing import Optional
 
 # The in-tree patch writes this expression; check/status recognise it as "fixed".
 PAGE_TABLE_WIDTH_EXPR = "self.req_to_token.shape[1]"
+
+
+# Nodes a width expression may use for us to evaluate it (e.g. ``self.max_context_len +
+# (self.speculative_num_draft_tokens or 0)``); anything else is reported, not evaluated.
+_SAFE_NODES = (
+    ast.Expression,
+    ast.BinOp,
+    ast.BoolOp,
+    ast.Add,
+    ast.Sub,
+    ast.Or,
+    ast.Attribute,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.Subscript,
+)
+
+
+def evaluate_page_table_expression(
+    expression: str, context_len: int, draft: int, pool_width: int
+) -> Optional[int]:
+    """The static rule for bug #1's buffer: the release's own page_table width expression (as
+    the file spells it) evaluated for a shape; None if it is not plain arithmetic."""
+    parsed = ast.parse(expression, mode="eval")
+    if not all(isinstance(node, _SAFE_NODES) for node in ast.walk(parsed)):
+        return None
+    fake_self = SimpleNamespace(
+        max_context_len=context_len,
+        speculative_num_draft_tokens=draft,
+        req_to_token=SimpleNamespace(shape=(None, pool_width)),
+    )
+    try:
+        return int(eval(compile(parsed, "<width>", "eval"), {"__builtins__": {}}, {"self": fake_self}))
+    except Exception:
+        return None
 
 
 def required_width(backend) -> int:
