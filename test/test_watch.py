@@ -176,14 +176,22 @@ class TestRowCheck(unittest.TestCase):
         self.assertEqual(counters[:2], [2, 4])
 
     def test_row_check_reads_nothing_back_from_the_device(self):
-        # meta tensors have no data: any .item() / int() / bool() / .tolist() on them raises.
-        site = watch.Site(watch.ROW_WRITE, "test.meta", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
-        meta = torch.device("meta")
+        # The check is one kernel launch: no .item() / int() / bool() / .tolist() of a tensor on
+        # the way (the GPU tier runs it under set_sync_debug_mode("error"), test_watch_cuda.py).
+        site = watch.Site(watch.ROW_WRITE, "test.reads", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        start, end = torch.tensor([8, 2, 9]), torch.tensor([12, 5, 9])
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("the row check read a tensor value back")
+
+        watch._counters(torch.device("cpu"))  # the once-per-device allocation
         try:
-            start = torch.empty(3, dtype=torch.int64, device=meta)
-            watch._check_rows(site, torch.empty(4, 10, dtype=torch.int32, device=meta), start, start, 3)
-            self.assertEqual(watch._DEVICE_COUNTERS[meta].shape, (watch.MAX_DEVICE_SITES, 3))
+            with contextlib.ExitStack() as stack:
+                for name in ("item", "tolist", "__bool__", "__int__", "__index__", "__float__"):
+                    stack.enter_context(mock.patch.object(torch.Tensor, name, refuse))
+                watch._check_rows(site, torch.zeros(4, 10, dtype=torch.int32), start, end, 3)
             self.assertIsNone(site.failed)
+            self.assertEqual(watch._DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist(), [1, 2, 12])
         finally:
             watch.reset()
 

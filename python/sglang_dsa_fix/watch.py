@@ -23,9 +23,12 @@ What it counts:
   ``trtllm_mla_block_table_short``). Per-row tables compare pages per request, flat index
   buffers (flashinfer, triton) their total length with the sum of the lengths.
 
-No host synchronisation on the hot path: the row checks accumulate into a small int64 tensor on
-the tensors' own device with in-place device ops (no ``.item()``, no ``bool()`` of a device
-tensor); the replay checks only read ``seq_lens_cpu``, a host tensor the replay already holds.
+No host synchronisation on the hot path: a row check is one launch of a small Triton kernel
+(``_row_check_kernel``, Triton like the sglang kernel it watches) that accumulates into an int64
+tensor on the tensors' own device; nothing is read back (no ``.item()``, no ``bool()`` of a
+device tensor). One launch because the host time matters: the eager form (a dozen torch ops)
+cost about 190 us per call on the H200 (benchmark/watch_overhead.py, docs/gpu-results.md). The
+replay checks only read ``seq_lens_cpu``, a host tensor the replay already holds.
 Only ``report()`` reads the device counters (one copy to the host per device).
 """
 
@@ -241,7 +244,7 @@ class Site:
     columns: int = 0
     needed: int = 0
     failed: Optional[str] = None
-    signature: Optional[inspect.Signature] = field(default=None, repr=False)
+    parameters: Optional[tuple] = field(default=None, repr=False)  # the hooked function's, in order
 
 
 MAX_DEVICE_SITES = 8
@@ -332,6 +335,34 @@ def _capturing(device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+_KERNEL = None
+_ROW_CHECK_BLOCK = 128  # rows per program
+
+
+def _row_check_kernel():
+    """The row check as one Triton kernel, compiled on first use (the plugin imports no triton
+    at start-up). For rows i < batch_size: past = max(0, end[i] - max(start[i], width)); adds
+    (rows with past > 0, sum of past) to counters[0:2] and raises counters[2] to max(end)."""
+    global _KERNEL
+    if _KERNEL is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def row_check(start_ptr, end_ptr, counters_ptr, row_width, batch_size, BLOCK: tl.constexpr):
+            offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            inside = offsets < batch_size
+            start = tl.load(start_ptr + offsets, mask=inside, other=0).to(tl.int64)
+            end = tl.load(end_ptr + offsets, mask=inside, other=0).to(tl.int64)
+            past = tl.where(inside, tl.maximum(end - tl.maximum(start, row_width), 0), 0)
+            tl.atomic_add(counters_ptr, tl.sum((past > 0).to(tl.int64), axis=0))
+            tl.atomic_add(counters_ptr + 1, tl.sum(past, axis=0))
+            tl.atomic_max(counters_ptr + 2, tl.max(tl.where(inside, end, 0), axis=0))
+
+        _KERNEL = row_check
+    return _KERNEL
+
+
 def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) -> None:
     """Columns of [start, end) at or past the row end, per row, accumulated on the device.
 
@@ -348,12 +379,11 @@ def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) 
     row_width = int(req_to_token.shape[1])
     if site.width is None:
         site.width = row_width
-    end = end_offset[:batch_size].to(torch.int64)
-    first_outside = torch.clamp(start_offset[:batch_size].to(torch.int64), min=row_width)
-    past = (end - first_outside).clamp_(min=0)
-    counters = _counters(end.device)[site.slot]
-    counters[:2].add_(torch.stack(((past > 0).sum(), past.sum())))
-    counters[2:].copy_(torch.maximum(counters[2:], end.max().reshape(1)))
+    counters = _counters(end_offset.device)[site.slot]
+    grid = (-(-batch_size // _ROW_CHECK_BLOCK),)
+    _row_check_kernel()[grid](
+        start_offset, end_offset, counters, row_width, batch_size, BLOCK=_ROW_CHECK_BLOCK
+    )
 
 
 def _row_write_hook(site: Site):
@@ -397,9 +427,13 @@ def _row_read_hook(site: Site):
 
 
 def _replay_args(site: Site, original_fn, args, kwargs) -> dict:
-    if site.signature is None:
-        site.signature = inspect.signature(original_fn)
-    return site.signature.bind(*args, **kwargs).arguments
+    # The arguments by name, as Signature.bind would give them (defaults left out), without
+    # bind's per-call cost: this runs on every CUDA-graph replay.
+    if site.parameters is None:
+        site.parameters = tuple(inspect.signature(original_fn).parameters)
+    arguments = dict(zip(site.parameters, args))
+    arguments.update(kwargs)
+    return arguments
 
 
 def _longest(arguments) -> Optional[int]:
