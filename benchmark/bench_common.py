@@ -16,11 +16,13 @@ import argparse
 import datetime
 import json
 import math
+import os
 import random
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -325,6 +327,16 @@ def plot(runs, summaries, out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- plugin install
+def private_work_dir(prefix: str, parent: str | None = None) -> Path:
+    """A new directory only this user can write (mkdtemp: mode 0700, a fresh name) for
+    everything a run writes (logs, model config, patched copies, plugin sites), under ``parent``
+    (created if missing) or the system temporary directory. Under a parent that others can write
+    to, nothing they plant there (a symlink named like a log) is written through."""
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
 def install_entry_point(site: Path, dist: str, version: str, sources: list, entry_points: str) -> None:
     """Make ``site`` hold a package with an ``sglang.srt.plugins`` entry point, as pip would,
     without building anything: the GPU host has no index, and building in the checkout would

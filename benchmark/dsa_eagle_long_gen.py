@@ -52,7 +52,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -69,6 +68,7 @@ from bench_common import (
     per_rep_throughput,
     plot,
     pooled,
+    private_work_dir,
     ratio_summary,
     run_metadata,
     tqdm_disabled,
@@ -513,7 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="start every variant's engine at once (only with warm JIT caches: cold ones compile "
         "the same kernels side by side); start-up memory per variant is then not measured",
     )
-    parser.add_argument("--work-dir", help="keep logs here (default: a temporary directory)")
+    parser.add_argument(
+        "--work-dir",
+        help="keep the run's logs in a new private directory under this one (default: under the system temporary directory)",
+    )
     add_disable_tqdm_argument(parser)
     return parser
 
@@ -529,8 +532,7 @@ def main(argv=None) -> int:
     # The engines run in their own sessions: on SIGTERM (a `timeout`), unwind so that
     # run_all's cleanup kills them instead of leaving them on the GPU.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="dsa-eagle-long-gen-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = private_work_dir("dsa-eagle-long-gen-", args.work_dir)
     rows = run_all(variants, args, work)
     add_control_ratios(rows)
 

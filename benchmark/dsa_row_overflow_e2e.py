@@ -36,7 +36,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,6 +48,7 @@ from bench_common import (
     install_entry_point,
     install_plugin,
     jsonl_row,
+    private_work_dir,
     run_metadata,
 )
 from long_gen_worker import ServerClient, dummy_model_kwargs, engine_kwargs, variant_env, write_model
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     variants = args.variants.split(",")
     if set(variants) - set(VARIANTS):
         parser.error(f"--variants: choose from {','.join(VARIANTS)}")
-    work = Path(tempfile.mkdtemp(prefix="dsa-row-e2e-"))
+    work = private_work_dir("dsa-row-e2e-")
     logs = Path(args.logs) if args.logs else work
     logs.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -426,3 +426,23 @@ def test_report_pools_new_and_old_rows(tmp_path, capsys):
     assert report.main([str(new), str(old)]) == 0
     out = capsys.readouterr().out
     assert "plugin/none over 3 paired reps: median 1.000" in out
+
+
+def test_runs_write_into_a_private_directory_even_under_a_shared_work_dir(tmp_path):
+    # A --work-dir others can write to, with a symlink planted where a log or the model would go:
+    # the run gets a fresh 0700 directory below it, so nothing is written through the plant.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    for name in ("none.log", "model", "apply-site"):
+        (shared / name).symlink_to(victim)
+    runs = {bench_common.private_work_dir("dsa-eagle-long-gen-", str(shared)) for _ in range(2)}
+    assert len(runs) == 2
+    for run in runs:
+        assert run.parent == shared and run.is_dir() and not run.is_symlink()
+        assert (run.stat().st_mode & 0o777) == 0o700 and not any(run.iterdir())
+    assert victim.read_text() == "untouched"
+    made = bench_common.private_work_dir("x-", str(tmp_path / "new" / "parent"))
+    assert made.parent == tmp_path / "new" / "parent"
