@@ -113,7 +113,12 @@ class TestResolvedBySglang(unittest.TestCase):
         self.addCleanup(lambda: (path.unlink(), path.symlink_to(INSTALLED.package / relative)))
 
     def test_ngram_as_sglang_resolves_it_and_the_decode_path_agrees(self):
-        rc, report, _ = self.status("--model-path", str(self.model), *NGRAM, extra=("--prove",))
+        # Part of the arguments in a --config file, as sglang takes it (the command line wins).
+        config_file = self.tmp / "server.yaml"
+        config_file.write_text("context-length: 2048\npage-size: 1\n")
+        rc, report, _ = self.status(
+            "--config", str(config_file), "--model-path", str(self.model), *NGRAM, extra=("--prove",)
+        )
         self.assertEqual(report["basis"], "sglang")
         config, sources = report["configuration"], report["sources"]
         # sglang 0.5.14 fills NGRAM's own defaults (arg_groups/speculative_hook.py).
@@ -123,7 +128,9 @@ class TestResolvedBySglang(unittest.TestCase):
         )
         self.assertEqual(config["speculative_algorithm"], "NGRAM")
         self.assertTrue(sources["speculative_num_draft_tokens"].startswith("resolved by sglang"))
-        self.assertEqual(sources["context_length"], "argument")
+        self.assertEqual(sources["context_length"], "argument")  # 4096 on the command line wins
+        self.assertEqual(config["context_length"], 4096)
+        self.assertEqual(sources["page_size"], "config file")
         row = self.bug(report, "req_to_token_row")
         at = row["at_configuration"]
         # Row 4 + 12 = 16, reservation 2·12 = 24, the last prepare at context_len - 3: 5 columns.

@@ -390,18 +390,33 @@ def _warm_up(launch_args: list) -> None:
 
 
 def _given_and_defaults(argv: list) -> tuple:
-    """(the parser's values, the dests the argv sets itself): sglang's own parser."""
+    """(the parser's values, the dests the arguments set, the dests only ``--config`` sets):
+    sglang's own parser, with ``--config FILE`` merged as ``prepare_server_args`` merges it
+    (0.5.14 server_args.py:7213-7219, ConfigArgumentMerger: the file's values first, the
+    command line after them, so the command line wins)."""
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    parsed = vars(parser.parse_args(argv))
+    merged = argv
+    if "--config" in argv:
+        from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+
+        merged = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+    parsed = vars(parser.parse_args(merged))
+    on_command_line = {
+        action.dest
+        for action in parser._actions
+        for option in action.option_strings
+        if any(arg == option or arg.startswith(option + "=") for arg in argv)
+    }
     for action in parser._actions:
         action.default = argparse.SUPPRESS
-    return parsed, set(vars(parser.parse_args(argv)))
+    given = set(vars(parser.parse_args(merged)))
+    return parsed, given, given - on_command_line - {"config"}
 
 
-def _read_fields(server_args, parsed: dict, given: set) -> tuple:
+def _read_fields(server_args, parsed: dict, given: set, from_config: set) -> tuple:
     """(configuration, sources): each field's resolved value and where it came from. 0.5.17+
     record which handler declared a field (``_resolved_overrides``); 0.5.17 writes the result
     onto the fields, 0.5.23 keeps the record raw (``_raw_input``) and resolves on read."""
@@ -424,6 +439,8 @@ def _read_fields(server_args, parsed: dict, given: set) -> tuple:
         by = sorted({source for source, fields in declarations if name in fields})
         if name in parsed and value != parsed[name]:
             sources[name] = "resolved by sglang" + (f" ({', '.join(by)})" if by else "")
+        elif name in from_config:
+            sources[name] = "config file"
         elif name in given:
             sources[name] = "argument"
         elif name in parsed:
@@ -540,9 +557,9 @@ def child_main(argv: list) -> None:
             _warm_up(launch_args)
             for patch in _profile_patches(profile):
                 stack.enter_context(patch)
-            parsed, given = _given_and_defaults(launch_args)
+            parsed, given, from_config = _given_and_defaults(launch_args)
             server_args = _resolve(launch_args)
-            config, sources = _read_fields(server_args, parsed, given)
+            config, sources = _read_fields(server_args, parsed, given, from_config)
             config["context_length"] = _context_len(server_args)
             widths = _widths(server_args)
     except SystemExit as exc:  # argparse: its message went to stderr
