@@ -322,6 +322,17 @@ def check_resolution(row: Row, site: Path | None) -> None:
             except (ValueError, KeyError, StopIteration):
                 got, detail = None, proc.stderr.strip()[-300:]
             row.add(label, got == (page, state, code), detail)
+            if model == "dsa" and got is not None:
+                # Bug #1's buffer as the release's own init_cuda_graph_state allocates it (these
+                # releases size it from req_to_token).
+                at = next(b for b in report["bugs"] if b["bug"] == Bug.PAGE_TABLE.value)["at_configuration"]
+                widths = (at.get("graph_page_table_width"), at.get("req_to_token_width"))
+                row.add(
+                    f"{label}: graph page_table from init_cuda_graph_state",
+                    str(at.get("graph_page_table_from")).endswith(".init_cuda_graph_state")
+                    and widths[0] == widths[1],
+                    f"{widths} {at.get('graph_page_table_from')}",
+                )
 
 
 def main(argv=None) -> int:

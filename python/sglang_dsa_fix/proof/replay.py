@@ -144,6 +144,11 @@ def make_backend(backend_cls, case: Case, pool, speculative_step_id: int = 0):
     setattr(backend, f"{prefix}_prefill_impl", impl)
     setattr(backend, f"{prefix}_kv_cache_store_fp8", on_cuda)
     backend.num_q_heads = backend.flashmla_kv_num_q_heads = 64
+    # 0.5.23 allocates the graph buffers inside a memory-saver region (dsa_backend.py 0.5.23:537,
+    # :1542); disabled, as __init__ makes it without --enable-memory-saver.
+    from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
+
+    backend._memory_saver_adapter = TorchMemorySaverAdapter.create(enable=False)
     return backend
 
 
