@@ -43,6 +43,10 @@ MATRIX = Path(os.environ.get("SGLANG_DSA_FIX_MATRIX", REPO / ".matrix"))
 OVERLAY_0_5_23 = MATRIX / "sglang-0.5.23"
 
 
+# Releases whose pristine graph page_table is max_context_len + D (RELEASES.md) that the watch covers.
+AFFECTED_BY_BUG_1 = ("0.5.11", "0.5.12", "0.5.13", "0.5.14")
+
+
 def installed_version():
     from sglang_dsa_fix.proof.replay import installed_version
 
@@ -130,7 +134,7 @@ class TestSwitchAndSites(unittest.TestCase):
         def writer(version):
             return [c.target for c in watch.select(version, resolve=False) if c.kind == watch.ROW_WRITE]
 
-        for version in ("0.5.13", "0.5.14", "0.5.15"):
+        for version in ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15"):
             self.assertEqual(
                 writer(version), ["sglang.srt.speculative.spec_utils.assign_req_to_token_pool_func"]
             )
@@ -138,7 +142,7 @@ class TestSwitchAndSites(unittest.TestCase):
             self.assertEqual(
                 writer(version), ["sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"]
             )
-        self.assertEqual(writer("0.5.12"), [])
+        self.assertEqual(writer("0.5.10"), [])  # no plugin API before 0.5.11
 
     def test_row_hooks_read_the_arguments_where_sglang_passes_them(self):
         # The row hooks take positional arguments by index: the installed functions' own order.
@@ -276,9 +280,13 @@ class TestDsaReplay(unittest.TestCase):
         cls.case = replay.Case(256, 5, 1, 4)
 
     def setUp(self):
-        self.assertEqual(
-            self.target, f"{self.layout.module}.{self.layout.class_name}._apply_cuda_graph_metadata"
+        # 0.5.13+: the DSA body behind capture and replay; 0.5.11 - 0.5.12 (NSA): the replay entry.
+        method = (
+            "_apply_cuda_graph_metadata"
+            if self.layout.module.endswith("dsa_backend")
+            else ("init_forward_metadata_replay_cuda_graph")
         )
+        self.assertEqual(self.target, f"{self.layout.module}.{self.layout.class_name}.{method}")
         self.assertFalse(runtime_fix.page_table_fix_installed(self.cls))
         watch.reset()
         self.addCleanup(watch.reset)
@@ -298,7 +306,7 @@ class TestDsaReplay(unittest.TestCase):
             self.assertEqual(watch.report()["graph_replays_short"], 0)
             over = session.replay("TARGET_VERIFY", 4, 257)
         self.assertTrue(fits.ok, fits)
-        if installed_version() not in ("0.5.13", "0.5.14"):
+        if installed_version() not in AFFECTED_BY_BUG_1:
             self.skipTest("bug #1 is fixed upstream in this release")
         self.assertIsNotNone(over.error)  # counted before the replay raised
         report = watch.report()
@@ -328,7 +336,7 @@ class TestDsaReplay(unittest.TestCase):
             with self.subTest(fixed=fixed):
                 self.assertEqual(watch.report()["dsa_page_table_short"], len(short))
                 self.assertEqual(short, [r for r in results if r.error])
-                if fixed or installed_version() not in ("0.5.13", "0.5.14"):
+                if fixed or installed_version() not in AFFECTED_BY_BUG_1:
                     self.assertEqual(short, [])
                 else:
                     self.assertGreater(len(short), 0)

@@ -582,8 +582,8 @@ def child_main(argv: list) -> None:
 
 
 PROVE_CONTEXT, PROVE_PROMPT = 256, 100
-# Algorithms whose decode reservation is the spec-v2 EAGLE prepare the driver runs.
-PROVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "NGRAM", "STANDALONE")
+# Algorithms whose decode reservation the driver runs: the spec-v2 EAGLE prepare, and DFLASH's own.
+PROVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "NGRAM", "STANDALONE", "DFLASH")
 
 
 def _prove(config: dict) -> dict:

@@ -106,10 +106,10 @@ def plugin_report(tree, own_environment: bool) -> dict:
 
 
 DFLASH_NOTE = (
-    "DFLASH reserves 2 x block in its own decode path (speculative/dflash_info_v2.py 0.5.23:142-153, "
-    "0.5.17:154) with no row check; judged from get_alloc_reserve_per_decode(), which equals that "
-    "at steps = topk = 1 (source reading: the CPU driver runs the EAGLE/NGRAM path only); both fixes "
-    "raise the row to it"
+    "DFLASH reserves 2 x block in its own decode path (DFlashDraftInputV2.prepare_for_decode, "
+    "speculative/dflash_info_v2.py 0.5.17:113, 0.5.23:114) with no row check; judged from "
+    "get_alloc_reserve_per_decode(), which equals that at steps = topk = 1; `--prove` drives that "
+    "prepare itself on CPU; both fixes raise the row to it"
 )
 
 
@@ -128,7 +128,8 @@ def decision_inputs(resolved: dict) -> dict:
         "graph_page_table_width": widths.get("graph_page_table_width"),
         "graph_page_table_from": widths.get("graph_page_table_from"),
     }
-    if str(algorithm).upper() == "DFLASH":
+    inputs["preclaims_bonus"] = str(algorithm).upper() != "DFLASH"
+    if not inputs["preclaims_bonus"]:
         inputs["row_note"] = DFLASH_NOTE
     backend = config.get("decode_attention_backend") or config.get("attention_backend")
     if resolved.get("basis") == "sglang" and not algorithm:
@@ -176,7 +177,9 @@ def row_at(version: str, inputs: dict) -> dict:
     if inputs.get("row_not_reachable"):
         return {"reachable": False, "why_not": inputs["row_not_reachable"]}
     extra, reserve = inputs["row_extra"], inputs["decode_reserve"]
-    need = width.required_row_extra(reserve, inputs["alloc_page_size"], version, inputs["overlap"])
+    need = width.required_row_extra(
+        reserve, inputs["alloc_page_size"], version, inputs["overlap"], inputs["preclaims_bonus"]
+    )
     columns = max(0, need - extra)
     return {
         **({"note": inputs["row_note"]} if "row_note" in inputs else {}),

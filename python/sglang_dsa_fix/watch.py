@@ -106,11 +106,14 @@ CANDIDATES = (
     # (0.5.14 eagle_info_v2.py:33, :104; spec_utils.py:29 re-exports the definition of
     # speculative/triton_ops/cache_locs.py:50). HookRegistry sets the wrapper on spec_utils and
     # propagates it to every module holding the original (0.5.14 plugins/hook_registry.py:297-300, :322-349).
+    # 0.5.11 - 0.5.12 (the plugin API's first releases): the same, imported at call time by
+    # speculative/eagle_info_v2.py (0.5.11 :92 -> :157, 0.5.12 :92 -> :164; spec_utils.py
+    # 0.5.11:125, 0.5.12:129 define it there).
     Candidate(
         ROW_WRITE,
         "sglang.srt.speculative.spec_utils.assign_req_to_token_pool_func",
         "req_to_token",
-        (0, 5, 13),
+        (0, 5, 11),
         (0, 5, 15),
     ),
     # The verify-slot reader: sglang.kernels from 0.5.17 (0.5.17 kernels/ops/speculative/
@@ -130,6 +133,15 @@ CANDIDATES = (
         (0, 5, 13),
         (0, 5, 16),
     ),
+    # 0.5.11 - 0.5.12: defined in speculative/eagle_info_v2.py itself (0.5.11 :534, 0.5.12 :561)
+    # and called there as a module global (0.5.11 :253, 0.5.12 :270).
+    Candidate(
+        ROW_READ,
+        "sglang.srt.speculative.eagle_info_v2.assign_extend_cache_locs_func",
+        "req_to_token",
+        (0, 5, 11),
+        (0, 5, 12),
+    ),
     # DSA: the shared capture + replay body behind init_forward_metadata_out_graph, which the
     # cuda-graph runners call (0.5.14 dsa_backend.py:601-618 -> :1160; 0.5.17 :1403; 0.5.23
     # :1797); the spec runners also call it directly. The class has no
@@ -141,6 +153,18 @@ CANDIDATES = (
         "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend._apply_cuda_graph_metadata",
         'decode_cuda_graph_metadata["page_table"]',
         (0, 5, 13),
+    ),
+    # NSA, 0.5.11 - 0.5.12 (the same backend before its rename): the replay entry itself
+    # (0.5.11 nsa_backend.py:961, 0.5.12 :976; the multi-step draft backend calls it per step
+    # through the class, 0.5.12 :2348), arguments bs / forward_mode / seq_lens_cpu as in the DSA
+    # body; target_verify copies max(seq_lens) + D columns into page_table_1, a view of
+    # decode_cuda_graph_metadata["page_table"], max_context_len + D wide.
+    Candidate(
+        DSA_REPLAY,
+        "sglang.srt.layers.attention.nsa_backend.NativeSparseAttnBackend.init_forward_metadata_replay_cuda_graph",
+        'decode_cuda_graph_metadata["page_table"]',
+        (0, 5, 11),
+        (0, 5, 12),
     ),
     # FA3: target_verify sets cache_seqlens = seq_lens + D (0.5.14 flashattention_backend.py:2292-2325)
     # while the graph page_table is ceil(max_context_len / page) wide (:1610); the copy is sliced

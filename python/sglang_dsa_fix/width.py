@@ -184,7 +184,7 @@ def at_least(version: Optional[str], release: tuple) -> bool:
     return parsed is not None and parsed >= (*release, 0)
 
 
-def committed_margin(version: Optional[str], overlap: bool = True) -> int:
+def committed_margin(version: Optional[str], overlap: bool = True, preclaims: bool = True) -> int:
     """How far below context_len kv_committed_len can be at a request's last decode prepare.
 
     Admission clamps prompt + max_new_tokens to context_len - 2 (0.5.14
@@ -195,10 +195,12 @@ def committed_margin(version: Optional[str], overlap: bool = True) -> int:
     is committed in resolve (eagle_utils.py:791-793) and the bound is context_len - 4 either way
     (0.5.23 managers/batch_result_processor.py:831). A retracted request re-prefills its prompt
     plus the output so far under the same clamp, so the bound holds after retraction too.
-    Unknown versions get the smaller, safer margin. The CPU tier runs the real code to check
-    every value. Only the pristine arithmetic uses it: the fixes hold the whole reservation.
+    Unknown versions get the smaller, safer margin. DFLASH's own prepare (0.5.14
+    speculative/dflash_info_v2.py:131) pre-claims nothing (``preclaims=False``): context_len - 4
+    on every release. The CPU tier runs the real code to check every value. Only the pristine
+    arithmetic uses it: the fixes hold the whole reservation.
     """
-    if at_least(version, (0, 5, 15)):
+    if at_least(version, (0, 5, 15)) or not preclaims:
         return 4
     return 3 if overlap else 4
 
@@ -219,6 +221,7 @@ class SpecShape:
     page_size: int = 1
     has_draft_kv: bool = True  # False for NGRAM (no draft model KV)
     overlap: bool = True  # False with --disable-overlap-schedule
+    preclaims_bonus: bool = True  # False for DFLASH, whose own prepare pre-claims nothing
 
 
 def alloc_len_per_decode(shape: SpecShape, version: Optional[str] = None) -> int:
@@ -254,14 +257,16 @@ def pristine_row_extra(version: Optional[str], shape: SpecShape) -> int:
     return extra
 
 
-def required_row_extra(reserve: int, page_size: int, version: Optional[str], overlap: bool = True) -> int:
+def required_row_extra(
+    reserve: int, page_size: int, version: Optional[str], overlap: bool = True, preclaims: bool = True
+) -> int:
     """Columns past context_len the row must have for a decode reservation of ``reserve``.
 
     ``reserve`` is sglang's ``get_alloc_reserve_per_decode()`` (2·A). The fix forms call it with
     the release's own function; status calls it with ``reserve_per_decode(shape, version)``.
     """
     align = page_size - 1 if page_aligns_reservation(version) else 0
-    return reserve + align - committed_margin(version, overlap)
+    return reserve + align - committed_margin(version, overlap, preclaims)
 
 
 def row_extra_floor(reserve: int) -> int:
@@ -280,7 +285,7 @@ def row_extra_floor(reserve: int) -> int:
 def row_overflow_columns(version: Optional[str], shape: SpecShape) -> int:
     """Columns the last decode reservation writes past the row end (0 = safe) on a pristine tree."""
     reserve = reserve_per_decode(shape, version)
-    need = required_row_extra(reserve, shape.page_size, version, shape.overlap)
+    need = required_row_extra(reserve, shape.page_size, version, shape.overlap, shape.preclaims_bonus)
     return max(0, need - pristine_row_extra(version, shape))
 
 

@@ -56,7 +56,13 @@ def cases():
 
 def shape_of(case):
     return width.SpecShape(
-        case.context_len, case.num_draft_tokens, case.steps, case.topk, case.page_size, overlap=case.overlap
+        case.context_len,
+        case.num_draft_tokens,
+        case.steps,
+        case.topk,
+        case.page_size,
+        overlap=case.overlap,
+        preclaims_bonus=case.algorithm.upper() != "DFLASH",
     )
 
 
@@ -214,6 +220,43 @@ class TestRowRuleAgainstSglang(CustomTestCase):
                 self.assertEqual(
                     SIZING.get_alloc_reserve_per_decode(*call), width.reserve_per_decode(shape, VERSION)
                 )
+
+
+def _has_dflash_v2() -> bool:
+    try:
+        from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@sized_by_function
+@unittest.skipUnless(_has_dflash_v2(), "this release has no DFLASH spec-v2 reservation (dflash_info_v2.py)")
+class TestDflashRowOverflow(CustomTestCase):
+    """DFLASH's own decode reservation (``DFlashDraftInputV2.prepare_for_decode``: 2 x block,
+    no row check), driven like the EAGLE prepare: block 16 at page 1 (steps = topk = 1, as
+    sglang resolves DFLASH) overflows by the rule's count; both fixes keep it inside the row."""
+
+    def case(self, page: int):
+        return row_overflow.RowCase(256, 16, page, True, 100, topk=1, num_steps=1, algorithm="DFLASH")
+
+    def test_pristine_block_16_page_1_writes_into_the_next_row(self):
+        result = row_overflow.run(self.case(1))
+        expected = width.row_overflow_columns(VERSION, shape_of(result.case))
+        self.assertEqual(expected, 8)  # 2 x 16 - (4 + 16) - 4: no bonus pre-claim, on 0.5.14 too
+        self.assertEqual(result.last_committed, 256 - 4)
+        self.assertEqual((result.columns_past_row_end, result.canary_clobbered), (8, 8))
+        self.assertEqual(result.leaked_slots, 8)
+
+    def test_both_fixes_keep_it_inside_the_row(self):
+        with patched_copy() as patched:
+            for name, sizing in (
+                ("runtime fix", runtime_fixed_sizing()),
+                ("in-tree patch", patched.sizing_function),
+            ):
+                for page in (1, 64):
+                    with self.subTest(fix=name, page=page):
+                        self.assertTrue(row_overflow.run(self.case(page), sizing).clean)
 
 
 @unittest.skipUnless(SIZING is None, "the release sizes the row with a function (tested above)")

@@ -161,8 +161,24 @@ def global_server_args(server_args):
         yield real
 
 
-def _prepare_for_decode():
-    """The release's spec-v2 prepare: a callable taking the ScheduleBatch."""
+def _prepare_for_decode(case: RowCase):
+    """The release's spec-v2 prepare for this case's algorithm: a callable taking the batch.
+
+    DFLASH (0.5.17+) reserves in its own ``DFlashDraftInputV2.prepare_for_decode`` (0.5.17
+    speculative/dflash_info_v2.py:113, 0.5.23 :114: 2 x block through alloc_for_spec_decode, no
+    row check), on the draft input the batch carries, which spec_prepare_for_decode dispatches
+    to (0.5.23 spec_utils.py:1259-1260); its overlap plan stream is off by default
+    (SGLANG_ENABLE_OVERLAP_PLAN_STREAM). Every other algorithm goes through the EAGLE prepare."""
+    if case.algorithm.upper() == "DFLASH":
+        from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+        spec_info = DFlashDraftInputV2.create_idle_input("cpu")
+
+        def prepare(batch):
+            batch.spec_info = spec_info
+            spec_info.prepare_for_decode(batch)
+
+        return prepare
     try:
         from sglang.srt.speculative.eagle_utils import eagle_prepare_for_decode
 
@@ -202,8 +218,24 @@ class _WriteRecorder:
             self.writes += [(s, e, row_width) for s, e in zip(start[:bs].tolist(), end[:bs].tolist())]
         return self.real(req_pool_indices, req_to_token, start, end, out_cache_loc, bs)
 
+    @contextlib.contextmanager
     def installed(self):
-        return mock.patch.object(self.module, "assign_req_to_token_pool_func", self)
+        """Around every loaded sglang module that holds the writer as a global: the EAGLE
+        prepare imports it at call time, DFLASH's module at import (0.5.14
+        speculative/dflash_info_v2.py), as HookRegistry propagates a hook to every importer."""
+        import sys
+
+        holders = [self.module] + [
+            module
+            for name, module in list(sys.modules.items())
+            if name.startswith("sglang.")
+            and module is not self.module
+            and getattr(module, "assign_req_to_token_pool_func", None) is self.real
+        ]
+        with contextlib.ExitStack() as stack:
+            for module in holders:
+                stack.enter_context(mock.patch.object(module, "assign_req_to_token_pool_func", self))
+            yield
 
 
 def _kv_state(req, field: str):
@@ -316,7 +348,7 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         # (eagle_info_v2.py 0.5.12:174); the value is not read by the reservation.
         batch.seq_lens = torch.tensor([case.prompt_len], dtype=torch.int64)
         batch.sampling_info = SimpleNamespace(penalizer_orchestrator=SimpleNamespace(is_required=False))
-        prepare = _prepare_for_decode()
+        prepare = _prepare_for_decode(case)
         recorder = _WriteRecorder()
         pending, pre_claims, prepares, last_committed, verifies = None, None, 0, None, []
 
