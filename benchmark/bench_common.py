@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -76,6 +77,20 @@ def git_commit(repo: Path = REPO):
     return commit if done.returncode == 0 and commit else None
 
 
+def tool_source_sha256(repo: Path = REPO):
+    """sha256 over this checkout's ``python/sglang_dsa_fix`` sources (path and bytes of every .py,
+    sorted): which code ran, also where the checkout's ``.git`` lags or there is none (a copy of
+    a working tree on a GPU host). None where the sources are not there."""
+    package = repo / "python" / "sglang_dsa_fix"
+    files = sorted(package.rglob("*.py"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def utc_now_iso(now: datetime.datetime | None = None) -> str:
     """The date as ISO 8601 in UTC, e.g. 2026-05-01T12:34:56+00:00."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
@@ -88,6 +103,7 @@ def run_metadata(now: datetime.datetime | None = None, repo: Path = REPO) -> dic
         "sglang_version": sglang_version(),
         "sglang_dsa_fix_version": tool_version(),
         "git_commit": git_commit(repo),
+        "tool_source_sha256": tool_source_sha256(repo),
         "date": utc_now_iso(now),
     }
 

@@ -217,7 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--variant-timeout", type=float, default=540, help="seconds for one variant's whole process"
     )
     add_output_file_argument(parser, "--jsonl", what="variant")
-    parser.add_argument("--logs", help="directory for the variants' logs (default: a temp dir)")
+    parser.add_argument(
+        "--logs",
+        help="keep the variants' logs in a new private directory under this one (default: the run's temp dir)",
+    )
     parser.add_argument(
         "--worker", metavar="VARIANT", help="internal: run one variant in this process (the parent passes it)"
     )
@@ -256,8 +259,7 @@ def main(argv=None) -> int:
     if set(variants) - set(VARIANTS):
         parser.error(f"--variants: choose from {','.join(VARIANTS)}")
     work = private_work_dir("dsa-row-e2e-")
-    logs = Path(args.logs) if args.logs else work
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = private_work_dir("dsa-row-e2e-logs-", args.logs) if args.logs else work
     rows = []
     metadata = run_metadata()
     for variant in variants:

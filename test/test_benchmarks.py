@@ -168,7 +168,7 @@ def test_progress_is_a_no_op_when_stderr_is_not_a_terminal(monkeypatch):
 
 
 # ---------------------------------------------------------------------------- row provenance
-PROVENANCE = ("sglang_version", "sglang_dsa_fix_version", "git_commit", "date")
+PROVENANCE = ("sglang_version", "sglang_dsa_fix_version", "git_commit", "tool_source_sha256", "date")
 
 
 def check_provenance(row, now=None):
@@ -178,6 +178,7 @@ def check_provenance(row, now=None):
     assert row["sglang_version"] is None or isinstance(row["sglang_version"], str)
     commit = row["git_commit"]
     assert commit is None or re.fullmatch(r"[0-9a-f]{40}", commit), commit
+    assert re.fullmatch(r"[0-9a-f]{64}", row["tool_source_sha256"]), row["tool_source_sha256"]
     date = datetime.datetime.fromisoformat(row["date"])
     assert date.utcoffset() == datetime.timedelta(0)
     if now is not None:
@@ -446,3 +447,13 @@ def test_runs_write_into_a_private_directory_even_under_a_shared_work_dir(tmp_pa
     assert victim.read_text() == "untouched"
     made = bench_common.private_work_dir("x-", str(tmp_path / "new" / "parent"))
     assert made.parent == tmp_path / "new" / "parent"
+
+
+def test_source_hash_changes_with_the_code_that_runs(tmp_path):
+    package = tmp_path / "python" / "sglang_dsa_fix"
+    package.mkdir(parents=True)
+    (package / "watch.py").write_text("A = 1\n")
+    first = bench_common.tool_source_sha256(tmp_path)
+    (package / "watch.py").write_text("A = 2\n")
+    assert bench_common.tool_source_sha256(tmp_path) != first
+    assert bench_common.tool_source_sha256(tmp_path / "elsewhere") is None

@@ -115,7 +115,7 @@ class TestResolvedBySglang(unittest.TestCase):
     def test_ngram_as_sglang_resolves_it_and_the_decode_path_agrees(self):
         # Part of the arguments in a --config file, as sglang takes it (the command line wins).
         config_file = self.tmp / "server.yaml"
-        config_file.write_text("context-length: 2048\npage-size: 1\n")
+        config_file.write_text("context-length: 2048\ndecode-attention-backend: triton\n")
         rc, report, _ = self.status(
             "--config", str(config_file), "--model-path", str(self.model), *NGRAM, extra=("--prove",)
         )
@@ -130,7 +130,10 @@ class TestResolvedBySglang(unittest.TestCase):
         self.assertTrue(sources["speculative_num_draft_tokens"].startswith("resolved by sglang"))
         self.assertEqual(sources["context_length"], "argument")  # 4096 on the command line wins
         self.assertEqual(config["context_length"], 4096)
-        self.assertEqual(sources["page_size"], "config file")
+        self.assertEqual(
+            (config["decode_attention_backend"], sources["decode_attention_backend"]),
+            ("triton", "config file"),
+        )
         row = self.bug(report, "req_to_token_row")
         at = row["at_configuration"]
         # Row 4 + 12 = 16, reservation 2·12 = 24, the last prepare at context_len - 3: 5 columns.
@@ -141,6 +144,20 @@ class TestResolvedBySglang(unittest.TestCase):
         self.assertEqual((measured["columns_past_row_end"], measured["neighbour_cells_changed"]), (5, 5))
         self.assertTrue(measured["agrees_with_arithmetic"])
         self.assertEqual(self.bug(report, "page_table")["state"], "not_reachable")  # fa3, not DSA
+
+    def test_sources_as_argparse_reads_the_arguments(self):
+        # In this process (no child): abbreviations are arguments, only --config values are the file's.
+        from sglang_dsa_fix import resolve
+
+        argv = ["--model-path", "x", "--context-len", "4096", "--page", "16"]
+        _, given, from_config = resolve._given_and_defaults(argv)
+        self.assertTrue({"context_length", "page_size"} <= given)
+        self.assertEqual(from_config, set())
+        config_file = self.tmp / "abbreviated.yaml"
+        config_file.write_text("page-size: 64\nmodel-path: y\n")
+        parsed, given, from_config = resolve._given_and_defaults(["--config", str(config_file), *argv[2:]])
+        self.assertEqual((parsed["page_size"], parsed["model_path"]), (16, "y"))  # the command line wins
+        self.assertEqual(from_config, {"model_path"})
 
     def test_widths_come_from_the_trees_own_functions(self):
         sizing = "srt/mem_cache/common.py"
@@ -227,6 +244,11 @@ class TestResolvedBySglang(unittest.TestCase):
         )
         self.assertEqual(rc, 2)
         self.assertIn("the static rule needs --context-length", err)
+        rc, out, err = run_cli(
+            "status", "--sglang-root", str(self.site), "--python", str(wrapper), "--", "--config", "x.yaml"
+        )
+        self.assertEqual(rc, 2)
+        self.assertIn("the static rule does not read --config FILE", err)
 
 
 if __name__ == "__main__":

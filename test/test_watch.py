@@ -16,7 +16,8 @@ Each watch hook is put around the real sglang function the way sglang's HookRegi
   (``graph_backends``), a replay that fits is not counted, one past a deliberately narrowed
   buffer is; and at sglang's own sizes, the verify replays near the context limit that need more
   pages than the tables hold (TRT-LLM MHA, TRT-LLM MLA, FlashMLA, flashinfer MLA);
-- no host read on the hot path: the row check runs on ``meta`` tensors, which refuse any read;
+- no host read on the hot path: the row check (one Triton kernel launch) runs with every
+  tensor-to-host read patched to raise;
 - the plugin registers the watch with the kill switch on, and reports it under ``watch``.
 """
 
@@ -178,6 +179,24 @@ class TestRowCheck(unittest.TestCase):
             watch.reset()
         self.assertEqual(counters, [*observed([(s, e, 10) for s, e in rows]), 14])
         self.assertEqual(counters[:2], [2, 4])
+
+    def test_many_rows_strided_offsets_and_a_short_batch(self):
+        # 300 rows: three kernel programs adding into the same counters; strided offsets; a
+        # batch_size larger than the tensors (read only what is there).
+        site = watch.Site(watch.ROW_WRITE, "test.many", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        start = torch.arange(300, dtype=torch.int64) % 20
+        end = start + torch.arange(300, dtype=torch.int64) % 7
+        rows = list(zip(start.tolist(), end.tolist()))
+        try:
+            watch._check_rows(site, torch.zeros(2, 20, dtype=torch.int32), start, end, 300)
+            strided = torch.stack((start, end), dim=1)
+            watch._check_rows(site, torch.zeros(2, 20, dtype=torch.int32), strided[:, 0], strided[:, 1], 500)
+            counters = watch._DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
+        finally:
+            watch.reset()
+        once = observed([(s, e, 20) for s, e in rows])
+        self.assertGreater(once[0], 0)
+        self.assertEqual(counters, [2 * once[0], 2 * once[1], max(e for _, e in rows)])
 
     def test_row_check_reads_nothing_back_from_the_device(self):
         # The check is one kernel launch: no .item() / int() / bool() / .tolist() of a tensor on

@@ -74,6 +74,12 @@ FIELDS = (
 DSA_BACKENDS = ("dsa", "nsa")
 
 
+def decode_backend(config: dict) -> Optional[str]:
+    """The attention backend decode (and its CUDA graphs) runs: sglang's
+    --decode-attention-backend where set, else --attention-backend."""
+    return config.get("decode_attention_backend") or config.get("attention_backend")
+
+
 # ------------------------------------------------------------------------------ parent side
 
 
@@ -221,6 +227,11 @@ def resolve(
 
 def static_fallback(launch_args: list, version: str, why: str) -> dict:
     """The static rule on the flags it knows, said as such."""
+    if "--config" in launch_args:  # only sglang's own merger reads the file as sglang does
+        raise ToolError(
+            f"{why}; the static rule does not read --config FILE: give --context-length and the "
+            "speculative flags on the command line"
+        )
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--context-length", type=int)
     parser.add_argument("--speculative-num-draft-tokens", type=int)
@@ -404,16 +415,14 @@ def _given_and_defaults(argv: list) -> tuple:
 
         merged = ConfigArgumentMerger(parser).merge_config_with_args(argv)
     parsed = vars(parser.parse_args(merged))
-    on_command_line = {
-        action.dest
-        for action in parser._actions
-        for option in action.option_strings
-        if any(arg == option or arg.startswith(option + "=") for arg in argv)
-    }
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS
+    for action in parser._actions:  # what an argument list sets itself, as argparse reads it
+        action.default, action.required = argparse.SUPPRESS, False
     given = set(vars(parser.parse_args(merged)))
-    return parsed, given, given - on_command_line - {"config"}
+    if merged is argv:
+        return parsed, given, set()
+    at = argv.index("--config")
+    on_command_line = set(vars(parser.parse_args(argv[:at] + argv[at + 2 :])))
+    return parsed, given, given - on_command_line
 
 
 def _read_fields(server_args, parsed: dict, given: set, from_config: set) -> tuple:
@@ -503,8 +512,7 @@ def _graph_page_table_width(config: dict, widths: dict) -> dict:
     where the configuration has no DSA graph (the verdict then says why) or the backend cannot
     be built here (the parent then evaluates the file's expression, and says so)."""
     algorithm, D = config.get("speculative_algorithm"), config.get("speculative_num_draft_tokens") or 0
-    backend_name = config.get("decode_attention_backend") or config.get("attention_backend")
-    if not algorithm or config.get("disable_cuda_graph") or backend_name not in DSA_BACKENDS:
+    if not algorithm or config.get("disable_cuda_graph") or decode_backend(config) not in DSA_BACKENDS:
         return {}
     if "row_extra" not in widths:
         return {}

@@ -127,29 +127,34 @@ def decision_inputs(resolved: dict) -> dict:
         "decode_reserve": widths["decode_reserve"],
         "graph_page_table_width": widths.get("graph_page_table_width"),
         "graph_page_table_from": widths.get("graph_page_table_from"),
+        "graph_page_table_error": widths.get("graph_page_table_error"),
     }
     inputs["preclaims_bonus"] = str(algorithm).upper() != "DFLASH"
     if not inputs["preclaims_bonus"]:
         inputs["row_note"] = DFLASH_NOTE
-    backend = config.get("decode_attention_backend") or config.get("attention_backend")
+    backend = resolve.decode_backend(config)
     if resolved.get("basis") == "sglang" and not algorithm:
         inputs["page_table_not_reachable"] = inputs["row_not_reachable"] = "no speculative decoding"
     elif config.get("disable_cuda_graph"):
         inputs["page_table_not_reachable"] = "CUDA graphs disabled"
-    elif resolved.get("basis") == "sglang" and config.get("attention_backend") not in resolve.DSA_BACKENDS:
-        inputs["page_table_not_reachable"] = f"attention backend {backend}: no DSA/NSA graph page_table"
+    elif resolved.get("basis") == "sglang" and backend not in resolve.DSA_BACKENDS:
+        inputs["page_table_not_reachable"] = (
+            f"decode attention backend {backend}: no DSA/NSA graph page_table"
+        )
     return inputs
 
 
 def page_table_at(state, inputs: dict) -> dict:
     """Bug #1 at a configuration: the pool and graph buffer widths, and whether the longest
     target_verify the scheduler can run reads past the buffer (``width.verify_seq_len_bound``,
-    measured by the CPU driver on 0.5.14: test/srt/test_verify_reach.py)."""
+    observed on the H200 at D 5, checked by the CPU driver on 0.5.14: test/srt/test_verify_reach.py)."""
     C, D = inputs["context_len"], inputs["num_draft_tokens"]
     pool = C + inputs["row_extra"]
     buffer, source = inputs.get("graph_page_table_width"), inputs.get("graph_page_table_from")
     if buffer is None:  # the static rule: the file's own expression at this shape
         source = "static rule: the file's width expression"
+        if inputs.get("graph_page_table_error"):
+            source += f" (init_cuda_graph_state could not run here: {inputs['graph_page_table_error']})"
         if state.verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE):
             buffer = pool
         else:

@@ -232,7 +232,8 @@ CANDIDATES = (
     # TRT-LLM MHA (sm100): per-mode page tables [max_bs, ceil(C / page)] (0.5.14
     # trtllm_mha_backend.py:142-146, :302-392; 0.5.23 :351-353, :706-811): decode s (draft
     # decode s + step + 1), target_verify s + D (0.5.14 :492-566; 0.5.23 :941-1048, one fused
-    # kernel looping max_num_pages), so s = C - 3 with D >= 4 already needs a page more. The
+    # kernel looping max_num_pages), so where C is a multiple of the page, s = C - 3 with D >= 4
+    # already needs a page more. The
     # 0.5.14 fill kernel, like FlashMLA's, masks by the request's pages within whole
     # 4096-token blocks (triton_ops/trtllm_mha_page_table.py:38-93).
     Candidate(
@@ -372,7 +373,9 @@ def _row_check_kernel():
         import triton
         import triton.language as tl
 
-        @triton.jit
+        # No specialisation on the two ints: a new batch size must not compile a new variant
+        # in the middle of serving.
+        @triton.jit(do_not_specialize=["row_width", "batch_size"])
         def row_check(start_ptr, end_ptr, counters_ptr, row_width, batch_size, BLOCK: tl.constexpr):
             offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
             inside = offsets < batch_size
@@ -398,11 +401,15 @@ def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) 
 
     if isinstance(batch_size, torch.Tensor):  # sglang passes an int; never read a device value
         batch_size = end_offset.shape[0]
+    batch_size = min(int(batch_size), start_offset.shape[0], end_offset.shape[0])
     if not batch_size or _capturing(end_offset.device):
         return
+    if not (start_offset.is_contiguous() and end_offset.is_contiguous()):  # the kernel reads stride 1
+        start_offset, end_offset = start_offset.contiguous(), end_offset.contiguous()
     row_width = int(req_to_token.shape[1])
     if site.width is None:
         site.width = row_width
+    # Launched on the current device, as sglang launches the kernel it watches on these tensors.
     counters = _counters(end_offset.device)[site.slot]
     grid = (-(-batch_size // _ROW_CHECK_BLOCK),)
     _row_check_kernel()[grid](
@@ -471,14 +478,15 @@ def _longest(arguments) -> Optional[int]:
 
 
 def _count_short(site: Site, table_width: int, needed: int) -> None:
-    # The width reported is the first violation's (one class can serve backends of other sizes:
-    # target and draft), else the first one seen.
-    if site.width is None or (needed > table_width and not site.count):
+    # The first violation is reported as it was (width and needed of the same replay: one class
+    # can serve backends of other sizes, target and draft); before any, the first width seen.
+    if site.width is None:
         site.width = table_width
     if needed > table_width:
+        if not site.count:
+            site.width, site.needed = table_width, needed
         site.count += 1
         site.columns += needed - table_width
-        site.needed = max(site.needed, needed)
 
 
 def _check_dsa(site: Site, arguments) -> None:

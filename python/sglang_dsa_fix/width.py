@@ -125,9 +125,9 @@ def verify_seq_len_bound(context_len: int, num_draft_tokens: int, overlap: bool 
     context_len - 4. So bug #1 needs seq_len + D > buffer width: with the buffer at
     context_len + D, D >= 5 (overlap). Observed at the bound on the H200 (0.5.14, context 512,
     D 5, prompt 503, max_new 7): seq_len 513, the replay copied 518 columns into a 517-wide buffer.
-    Measured by the CPU driver on 0.5.14 (``proof.verify_reach``; test/srt/test_verify_reach.py):
+    Checked by the CPU driver on 0.5.14 (``proof.verify_reach``; test/srt/test_verify_reach.py):
     ``proof.row_overflow`` runs each request's whole decode through the real spec-v2 prepare
-    with the scheduler's clamp, overlap lag and seq_lens advance as sglang does them, over every
+    under a scheduler loop modelled on sglang's (clamp, overlap lag, seq_lens advance), over every
     residue of max_new_tokens mod D near the clamp; the longest verify seq_len it records equals
     this bound exactly, overlap on and off (D 4 - 6; D 2 - 8 with SGLANG_DSA_FIX_FULL=1), 513 for
     the H200 case; constant partial acceptance a stops at context_len + a - 4 (overlap). The

@@ -1,12 +1,13 @@
 """Bug #1 at D 4 and D 5, settled by driving the real code (``proof.verify_reach``).
 
-The longest target_verify seq_len is measured, not derived: ``proof.row_overflow`` runs one
-request's whole spec-v2 decode through the release's own prepare and reservation with the
-scheduler's bookkeeping (admission clamp of max_new_tokens, the overlap lag) and records the
-seq_lens every verify runs with. Then the pristine DSA backend is replayed (TARGET_VERIFY,
+The longest target_verify seq_len comes from a drive, not from the formula: ``proof.row_overflow``
+runs one request's whole spec-v2 decode through the release's own prepare and reservation under
+a scheduler loop modelled on sglang's (admission clamp of max_new_tokens, the overlap lag, the
+seq_lens advance; cited in row_overflow) and records the seq_lens every verify runs with. The
+loop is a model; the H200 run at D 5 (seq_len 513) is the measurement it must reproduce. Then the pristine DSA backend is replayed (TARGET_VERIFY,
 buffer ``context_len + D``) at the longest of them:
 
-- the measured maximum equals ``width.verify_seq_len_bound`` exactly (overlap on and off), so
+- the driven maximum equals ``width.verify_seq_len_bound`` exactly (overlap on and off), so
   an off-by-one in the bound fails here; partial acceptance stays at or below it;
 - the H200 observation is reproduced (0.5.14, context 512, D 5, prompt 503, clamped
   max_new_tokens: seq_len 513, 518 columns into a 517-wide buffer);
