@@ -359,31 +359,37 @@ def verify_table(backend):
 
 
 FLASHMLA = f"{ATTENTION}.flashmla_backend"
+FA3 = f"{ATTENTION}.flashattention_backend"
 
 
-def import_flashmla():
-    """Import flashmla_backend, over a stand-in sgl_kernel.flash_mla where sgl_kernel is absent
-    (the stand-in leaves sys.modules right after; the backend module keeps its names). Returns
-    the undo: where the stand-in was used, the module is forgotten again (sys.modules and the
-    package attribute), so that the watch does not see a FlashMLA it could not import itself."""
-    if FLASHMLA in sys.modules:
+def _not_on_cpu(*args, **kwargs):
+    raise RuntimeError("sgl_kernel stand-in: this kernel is CUDA-only")
+
+
+def _import_over_stand_in(target: str, stand_ins: dict):
+    """Import ``target``, over stand-in ``sgl_kernel`` modules (name -> attributes, each a
+    function that raises if called) where sgl_kernel is absent; the stand-ins leave sys.modules
+    right after (the backend module keeps its names). Returns the undo: where a stand-in was
+    used, the module is forgotten again (sys.modules and the package attribute), so that the
+    watch does not see a backend it could not import itself."""
+    if target in sys.modules:
         return lambda: None
     try:
-        importlib.import_module(FLASHMLA)
+        importlib.import_module(target)
         return lambda: None
     except ImportError:
         pass
-    package, flash_mla = types.ModuleType("sgl_kernel"), types.ModuleType("sgl_kernel.flash_mla")
-
-    def not_on_cpu(*args, **kwargs):
-        raise RuntimeError("sgl_kernel.flash_mla stand-in: the FlashMLA kernel is CUDA-only")
-
-    flash_mla.flash_mla_with_kvcache = flash_mla.get_mla_metadata = not_on_cpu
-    package.flash_mla = flash_mla
-    saved = {key: sys.modules.get(key) for key in ("sgl_kernel", "sgl_kernel.flash_mla")}
-    sys.modules.update({"sgl_kernel": package, "sgl_kernel.flash_mla": flash_mla})
+    modules = {name: types.ModuleType(name) for name in stand_ins}
+    for name, module in modules.items():
+        for attribute in stand_ins[name]:
+            setattr(module, attribute, _not_on_cpu)
+        parent, _, child = name.rpartition(".")
+        if parent in modules:
+            setattr(modules[parent], child, module)
+    saved = {key: sys.modules.get(key) for key in modules}
+    sys.modules.update(modules)
     try:
-        importlib.import_module(FLASHMLA)
+        importlib.import_module(target)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -392,12 +398,46 @@ def import_flashmla():
                 sys.modules[key] = value
 
     def undo():
-        sys.modules.pop(FLASHMLA, None)
-        parent, _, name = FLASHMLA.rpartition(".")
+        sys.modules.pop(target, None)
+        parent, _, name = target.rpartition(".")
         if parent in sys.modules:
             sys.modules[parent].__dict__.pop(name, None)
 
     return undo
+
+
+def import_flashmla():
+    """flashmla_backend over a stand-in sgl_kernel.flash_mla (its kernel and metadata planner)."""
+    return _import_over_stand_in(
+        FLASHMLA,
+        {"sgl_kernel": (), "sgl_kernel.flash_mla": ("flash_mla_with_kvcache", "get_mla_metadata")},
+    )
+
+
+def import_fa3():
+    """flashattention_backend over a stand-in sgl_kernel (its top-level import of
+    merge_state_v2, 0.5.14 flashattention_backend.py:34, only called by topk > 1 cascades)."""
+    return _import_over_stand_in(FA3, {"sgl_kernel": ("merge_state_v2",)})
+
+
+def fa3_backend(context_len: int, D: int, page: int = 64):
+    """FlashAttentionBackend (0.5.14 flashattention_backend.py:118-240) as __init__ leaves it for a
+    decoder-only MHA model, FA3, EAGLE topk 1; graph state from its own init_cuda_graph_state
+    (:1600-1700): target_verify page_table [max_bs, ceil(C / page)]."""
+    module = sys.modules[FA3]  # import_fa3() first
+    pool = req_to_token_pool(context_len, D + 4 + page, page)
+    b = module.FlashAttentionBackend.__new__(module.FlashAttentionBackend)
+    b.device, b.max_context_len, b.page_size = torch.device("cpu"), context_len, page
+    b.req_to_token_pool, b.req_to_token, b.token_to_kv_pool = pool, pool.req_to_token, None
+    b.use_mla = b.is_encoder_decoder = b.has_local_attention = False
+    b.use_sliding_window_kv_pool = b.has_swa = b.skip_prefill = b.is_draft_runner = False
+    b.sliding_window_size = b.local_attn_builder = b._get_scheduler_metadata = None
+    b.topk, b.speculative_num_draft_tokens, b.speculative_num_steps, b.speculative_step_id = 1, D, D - 1, 0
+    b.fa_impl_ver, b.attn_cp_size, b.num_splits = 3, 1, 0
+    b.forward_metadata = b.forward_metadata_spec_decode_expand = None
+    b.decode_cuda_graph_metadata, b.target_verify_metadata, b.draft_extend_metadata = {}, {}, {}
+    b.init_cuda_graph_state(MAX_BS, MAX_BS * D)
+    return b, contextlib.nullcontext()
 
 
 def _mla_metadata(seq_lens, num_heads, num_heads_k, is_fp8_kvcache=False):

@@ -11,8 +11,8 @@ Each watch hook is put around the real sglang function the way sglang's HookRegi
 - DSA CUDA-graph replays: the bug #1 replay driver (``proof.replay``) on the pristine backend: a
   TARGET_VERIFY replay that reads past the graph page_table is counted (it then raises), one with
   the runtime fix is not; over a sweep the count equals the replays whose columns exceed the buffer;
-- the other backends' CUDA-graph replays (flashinfer, flashinfer MLA, triton, FlashMLA, TRT-LLM
-  MHA / MLA): the real backend class through its own capture and replay entry on CPU
+- the other backends' CUDA-graph replays (FA3, flashinfer, flashinfer MLA, triton, FlashMLA,
+  TRT-LLM MHA / MLA): the real backend class through its own capture and replay entry on CPU
   (``graph_backends``), a replay that fits is not counted, one past a deliberately narrowed
   buffer is; and at sglang's own sizes, the verify replays near the context limit that need more
   pages than the tables hold (TRT-LLM MHA, TRT-LLM MLA, FlashMLA, flashinfer MLA);
@@ -362,8 +362,9 @@ class TestDsaReplay(unittest.TestCase):
 
 
 class TestFa3Check(unittest.TestCase):
-    """The FA3 replay check on a stand-in backend (FA3 needs sgl_kernel: not importable on CPU),
-    with sglang's real ForwardMode and the 0.5.14 signature of _apply_cuda_graph_metadata."""
+    """The FA3 replay check's arithmetic on a minimal backend object, with sglang's real
+    ForwardMode and the 0.5.14 signature of _apply_cuda_graph_metadata (the real
+    FlashAttentionBackend is driven in TestBackendReplays.test_fa3_page_table_at_sglangs_size)."""
 
     def test_target_verify_past_the_page_table(self):
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -420,6 +421,7 @@ class TestBackendReplays(unittest.TestCase):
                 f"graph_backends builds the backends with 0.5.14's attributes, not {installed_version()}'s"
             )
         cls.addClassCleanup(graph_backends.import_flashmla())
+        cls.addClassCleanup(graph_backends.import_fa3())
 
     def setUp(self):
         watch.reset()
@@ -585,6 +587,23 @@ class TestBackendReplays(unittest.TestCase):
         self.assert_short(kind, report, 4, 5)
         table = graph_backends.verify_table(built[0])
         self.assertEqual(int(graph_backends.past_the_end(table)[0, 0]), self.table_page(built[0], 2, 4, 64))
+
+    def test_fa3_page_table_at_sglangs_size(self):
+        # The real FlashAttentionBackend at sglang's own size: C 256, page 64 -> ceil(256 / 64) = 4
+        # pages (0.5.14 flashattention_backend.py:1610); target_verify asks the kernel for s + D keys
+        # (:2292-2325): s 253 + D 4 needs 5 pages. The copy is sliced to the table: nothing raises.
+        kind = watch.FA3_REPLAY
+        report, error = self.watched(
+            kind, graph_backends.fa3_backend(256, self.D), "TARGET_VERIFY", [200, 252]
+        )
+        self.assert_fits(kind, report, error)
+        built = graph_backends.fa3_backend(256, self.D)
+        report, error = self.watched(kind, built, "TARGET_VERIFY", [200, 253])
+        self.assertIsNone(error)  # silent: the kernel is told 257 keys, the table holds 256
+        self.assert_short(kind, report, 4, 5)
+        metadata = built[0].target_verify_metadata[2]
+        self.assertEqual(int(metadata.cache_seqlens_int32[1]), 253 + self.D)
+        self.assertEqual(metadata.page_table.shape[1], 4)
 
     def test_flashmla_block_table(self):
         # C 256: (256 + 64) // 64 = 5 pages; s 253 + D 4 needs 5 (4 without D).
