@@ -307,6 +307,7 @@ def check_resolution(row: Row, site: Path | None) -> None:
                     str(site),
                     "--gpu",
                     gpu,
+                    *(["--prove"] if "DFLASH" in args else []),  # DFLASH's own prepare, driven
                     "--",
                     *launch,
                 ],
@@ -322,6 +323,14 @@ def check_resolution(row: Row, site: Path | None) -> None:
             except (ValueError, KeyError, StopIteration):
                 got, detail = None, proc.stderr.strip()[-300:]
             row.add(label, got == (page, state, code), detail)
+            if "DFLASH" in args and got is not None:
+                measured = bug["at_configuration"].get("measured", {})
+                row.add(
+                    f"{label}: --prove (DFLASH's own prepare on CPU)",
+                    measured.get("agrees_with_arithmetic") is True
+                    and measured.get("neighbour_cells_changed", 0) > 0,
+                    str(measured),
+                )
             if model == "dsa" and got is not None:
                 # Bug #1's buffer as the release's own init_cuda_graph_state allocates it (these
                 # releases size it from req_to_token).
