@@ -1,5 +1,6 @@
 """One verdict model: every state has one exit code, and the README's table says exactly that."""
 
+import itertools
 import re
 import unittest
 from pathlib import Path
@@ -32,20 +33,23 @@ class TestReadmeAgrees(unittest.TestCase):
 
 class TestJudge(unittest.TestCase):
     def test_every_verdict(self):
-        for verdict in Verdict:
-            for plugin_fixes in (False, True):
-                for reachable in (None, True, False):
-                    with self.subTest(verdict=verdict, plugin=plugin_fixes, reachable=reachable):
-                        state = judge(verdict, plugin_fixes, reachable)
-                        fixable = verdict in (Verdict.AFFECTED, Verdict.STALE_BYTECODE)
-                        if fixable and reachable is False:
-                            self.assertIs(state, State.NOT_REACHABLE)
-                        elif fixable and plugin_fixes:
-                            self.assertIs(state, State.PROTECTED_BY_PLUGIN)
-                        else:
-                            # A verdict never turns into a fix that is not running, nor a fixed
-                            # tree into "affected".
-                            self.assertEqual(state.exit_code == 1, fixable)
+        for verdict, plugin_fixes, reachable, fix_holds in itertools.product(
+            Verdict, (False, True), (None, True, False), (True, False)
+        ):
+            with self.subTest(verdict=verdict, plugin=plugin_fixes, reachable=reachable, holds=fix_holds):
+                state = judge(verdict, plugin_fixes, reachable, fix_holds)
+                fixable = verdict in (Verdict.AFFECTED, Verdict.STALE_BYTECODE)
+                if fixable and reachable is False:
+                    self.assertIs(state, State.NOT_REACHABLE)
+                elif fixable and plugin_fixes and fix_holds:
+                    self.assertIs(state, State.PROTECTED_BY_PLUGIN)
+                elif verdict is Verdict.FIXED_IN_TREE and reachable:
+                    # The files carry the change, but at this configuration it does not hold.
+                    self.assertIs(state, State.AFFECTED)
+                else:
+                    # A verdict never turns into a fix that is not running (nor one that does
+                    # not hold), nor a fixed tree into "affected".
+                    self.assertEqual(state.exit_code == 1, fixable)
 
     def test_combined_exit(self):
         self.assertEqual(combined_exit([0, 2, 1]), 1)

@@ -155,8 +155,8 @@ def _at_configuration_line(bug: dict) -> str:
     )
     line = (f"  note: {at['note']}\n" if "note" in at else "") + (
         f"  at this configuration: row headroom {at['row_extra']}, decode reservation "
-        f"{at['decode_reserve']}, needs {at['row_extra_needed']} -> {verdict} (with the fix: "
-        f"headroom {at['row_extra_with_fix']})"
+        f"{at['decode_reserve']}, allocator page {at['alloc_page_size']}, needs {at['row_extra_needed']} -> "
+        f"{verdict} (with the fix: headroom {at['row_extra_with_fix']})"
     )
     proof = at.get("measured")
     if proof is None:

@@ -3,7 +3,7 @@
 - bug #1: right after ``init_cuda_graph_state``, widen the graph page_table (``width.enforce``);
 - bug #2: right after ``get_req_to_token_extra_context_len``, raise the row headroom to
   ``width.row_extra_floor`` of sglang's own ``get_alloc_reserve_per_decode``, the whole
-  reservation (the place
+  reservation and the allocator page's rounding (the place
   upstream widened it in 0.5.16, so the pool, the bug #1 buffer and every graph buffer sized
   from ``req_to_token`` stay consistent).
 
@@ -32,9 +32,24 @@ def row_extra_fix(module_name: str):
     def after(result, *args, **kwargs):
         module = importlib.import_module(module_name)
         reserve = getattr(module, backends.RESERVE_FUNCTION)(*args, **kwargs)
-        return max(result, width.row_extra_floor(reserve))
+        return max(result, width.row_extra_floor(reserve, _alloc_page(module, args, kwargs)))
 
     return after
+
+
+def _alloc_page(module, args, kwargs) -> int:
+    """The allocator page the release's prepare rounds ``nxt`` up to: sglang's own
+    ``get_alloc_page_size()`` where it has one (0.5.23, page x attn_dcp_size); from the server
+    args where the sizing module is allocation_sizing (0.5.16 - 0.5.22 round by the allocator's
+    page, page x dcp_size under DCP); 1 before (0.5.13 - 0.5.15, mem_cache/common.py: no rounding)."""
+    own = getattr(module, "get_alloc_page_size", None)
+    if own is not None:
+        return int(own(*args, **kwargs))
+    if not module.__name__.endswith("allocation_sizing"):
+        return 1
+    server_args = args[0] if args else kwargs.get("server_args")
+    page = getattr(server_args, "page_size", None) or 1
+    return width.alloc_page_size(page, getattr(server_args, "dcp_size", 1))
 
 
 def install_page_table_fix(cls):

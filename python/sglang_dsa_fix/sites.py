@@ -49,6 +49,16 @@ def row_comment(reserve: str = f"{backends.RESERVE_FUNCTION}()") -> tuple[str, .
     )
 
 
+# 0.5.16 - 0.5.22: the prepare rounds that end up to the allocator's page, which decode context
+# parallel makes page_size x dcp_size (0.5.17 speculative/eagle_utils.py:889-907,
+# mem_cache/kv_cache_builder.py:212), while these releases add only page_size - 1.
+ROUNDED_ROW_COMMENT = (
+    "# Hold the whole spec-v2 decode reservation at every page size: it writes this row up to",
+    "# kv_committed_len + get_alloc_reserve_per_decode(), rounded up to the allocator's page",
+    "# (page_size * dcp_size), and kv_committed_len approaches context_len.",
+)
+
+
 # The first comment line of the margin form (sglang-dsa-fix 0.2: ``reserve - margin``).
 LEGACY_ROW_COMMENT = "# Hold the spec-v2 decode reservation: it writes this row up to kv_committed_len +"
 
@@ -70,7 +80,7 @@ class Site:
     hookable: bool = True  # False: no function to hook (row sized inline): in-tree patch only
     affected_when: str = ""  # a pristine form: at which configurations it is affected
     unknown: str = ""  # a form this tool cannot judge: why (verdict "cannot tell")
-    legacy: bool = False  # carries the margin form of an older sglang-dsa-fix
+    legacy: bool = False  # carries an older form of this tool's change (revert, then apply)
 
     def patched_bytes(self) -> bytes:
         data = self.data
@@ -284,11 +294,20 @@ def row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
             f"`return <name>` beside {backends.RESERVE_FUNCTION}"
         )
     variable = last.value.id
-    # 0.5.13 - 0.5.16 pass server_args along; 0.5.23 reads global bags and takes no argument.
+    # 0.5.13 - 0.5.22 pass server_args along; 0.5.23 reads global bags and takes no argument.
     params = [a.arg for a in function.args.args]
     call_args = "server_args" if "server_args" in params else ""
-    replacement = f"{variable} = max({variable}, {backends.RESERVE_FUNCTION}({call_args}))"
-    site = _row_statement_before(path, data, last, row_comment(), replacement, f"return {variable}")
+    reserve_only = f"{variable} = max({variable}, {backends.RESERVE_FUNCTION}({call_args}))"
+    comment, replacement, older = row_comment(), reserve_only, ()
+    if call_args and path.name == "allocation_sizing.py" and "get_alloc_page_size" not in functions:
+        # 0.5.16 - 0.5.22 round nxt up to the allocator's page but size by page_size alone
+        # (width.row_extra_floor). The reservation-only form of sglang-dsa-fix 0.3 is older.
+        comment, older = ROUNDED_ROW_COMMENT, ((row_comment(), reserve_only),)
+        replacement = (
+            f"{variable} = max({variable}, {backends.RESERVE_FUNCTION}(server_args) + server_args.page_size"
+            ' * getattr(server_args, "dcp_size", 1) - 1)'
+        )
+    site = _row_statement_before(path, data, last, comment, replacement, f"return {variable}", older=older)
     gates = _reserve_gates(function, variable)
     if site.patched_here:
         return site
@@ -310,6 +329,8 @@ def row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
         else f"at page 1 only: topk 1 from D {margin + 5} (D - {margin + 4} columns), topk > 1, "
         "NGRAM at its defaults"
     )
+    if older:  # 0.5.16 - 0.5.22: the row misses the allocator page's rounding under DCP
+        when += "; at any page size with decode context parallel (--dcp-size > 1)"
     return dataclasses.replace(site, affected_when=when)
 
 
@@ -390,9 +411,13 @@ def arithmetic_version(tree: SglangTree) -> tuple:
     return shape, f"the files contradict the version {label}: {what}; judged as {shape}"
 
 
-def _row_statement_before(path, data, anchor: ast.stmt, comment, replacement, found, hookable=True) -> Site:
+def _row_statement_before(
+    path, data, anchor: ast.stmt, comment, replacement, found, hookable=True, older=()
+) -> Site:
     """Bug #2's change: ``comment`` and the ``replacement`` statement inserted right above
-    ``anchor``, at its indent; the file carries it already when exactly those lines are there."""
+    ``anchor``, at its indent; the file carries it already when exactly those lines are there.
+    ``legacy``: an older form of this tool's change is there instead (the margin form of 0.2,
+    or one of ``older``: (comment, statement) pairs), which ``revert`` undoes."""
     lines = data.splitlines(keepends=True)
     start = _byte_offset(lines, anchor.lineno, anchor.col_offset)
     above = _lines_above(lines, anchor.lineno, 3)
@@ -401,6 +426,9 @@ def _row_statement_before(path, data, anchor: ast.stmt, comment, replacement, fo
         len(above) == 3
         and above[0] == LEGACY_ROW_COMMENT
         and above[2].startswith(f"{variable} = max({variable}, ")
+    ) or any(
+        _lines_above(lines, anchor.lineno, len(old_comment) + 1) == [*old_comment, old_statement]
+        for old_comment, old_statement in older
     )
     return Site(
         bug=Bug.ROW_OVERFLOW,

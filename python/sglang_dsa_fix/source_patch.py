@@ -156,8 +156,9 @@ def _state(tree: SglangTree, bug: Bug, use_backups: bool = True) -> BugState:
         detail = "" if original is not None or not use_backups else "no backup (patched by `git apply`?)"
         if site.legacy:
             detail = (
-                "the margin form of an older sglang-dsa-fix (headroom reserve - margin): run "
-                "`sglang-dsa-fix revert` then `apply` to hold the whole reservation"
+                "an older sglang-dsa-fix form of this change (0.2: headroom reserve - margin; 0.3 on "
+                "0.5.16 - 0.5.22: without the allocator page's rounding): run `sglang-dsa-fix revert` "
+                "then `apply` to hold the whole reservation"
             )
         return BugState(bug, verdict, site, original, stale, detail)
     if site.fixed_upstream:

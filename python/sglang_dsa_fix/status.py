@@ -128,6 +128,7 @@ def decision_inputs(resolved: dict) -> dict:
         "graph_page_table_width": widths.get("graph_page_table_width"),
         "graph_page_table_from": widths.get("graph_page_table_from"),
         "graph_page_table_error": widths.get("graph_page_table_error"),
+        "resolved": resolved.get("basis") == "sglang",
     }
     inputs["preclaims_bonus"] = str(algorithm).upper() != "DFLASH"
     if not inputs["preclaims_bonus"]:
@@ -176,23 +177,31 @@ def page_table_at(state, inputs: dict) -> dict:
     return out
 
 
-def row_at(version: str, inputs: dict) -> dict:
+def row_at(state, version: str, inputs: dict) -> dict:
     """Bug #2 at a configuration, from the row headroom and the decode reservation (sglang's own
-    numbers where resolved): how far the last reservation writes past the row end."""
+    numbers where resolved): how far the last reservation writes past the row end, now and with
+    either fix (``width.row_extra_floor``: the reservation plus the allocator page's rounding)."""
     if inputs.get("row_not_reachable"):
         return {"reachable": False, "why_not": inputs["row_not_reachable"]}
-    extra, reserve = inputs["row_extra"], inputs["decode_reserve"]
+    extra, reserve, page = inputs["row_extra"], inputs["decode_reserve"], inputs["alloc_page_size"]
     need = width.required_row_extra(
-        reserve, inputs["alloc_page_size"], version, inputs["overlap"], inputs["preclaims_bonus"]
+        reserve, page, version, inputs["overlap"], inputs["preclaims_bonus"], inputs["context_len"]
     )
-    columns = max(0, need - extra)
+    align = page if width.page_aligns_reservation(version) else 1
+    with_fix = max(extra, width.row_extra_floor(reserve, align))
+    # Resolved by sglang, the headroom is the tree's own function, an in-tree change included;
+    # the static rule mirrors the pristine function, so a patched tree gets the fix's number.
+    now = with_fix if state.verdict is Verdict.FIXED_IN_TREE and not inputs["resolved"] else extra
+    columns = max(0, need - now)
     return {
         **({"note": inputs["row_note"]} if "row_note" in inputs else {}),
-        "row_extra": extra,
+        "row_extra": now,
         "decode_reserve": reserve,
+        "alloc_page_size": page,
         "row_extra_needed": need,
-        "row_extra_with_fix": max(extra, width.row_extra_floor(reserve)),
+        "row_extra_with_fix": with_fix,
         "columns_past_row_end": columns,
+        "columns_past_row_end_with_fix": max(0, need - with_fix),
         "reachable": columns > 0,
     }
 
@@ -231,25 +240,30 @@ def collect(root: Optional[str], request: Optional[resolve.Request] = None) -> d
 def _bug_entry(state, plugin_info: dict, version: str, resolved: Optional[dict]) -> dict:
     entry = state.to_dict()
     plugin_fixes = plugin_info["live"] and state.site is not None and state.site.hookable
-    reachable = None
+    reachable, fix_holds = None, True
     if resolved is not None and state.site is not None and state.verdict is not Verdict.NOT_COVERED:
         inputs = decision_inputs(resolved)
         if state.bug is Bug.PAGE_TABLE:
             at = page_table_at(state, inputs)
         else:
-            at = row_at(version, inputs)
+            at = row_at(state, version, inputs)
             if "prove" in resolved:
                 at["measured"] = measured(at, resolved["prove"])
         entry["at_configuration"] = at
         reachable = at["reachable"]
-    verdict = judge(state.verdict, plugin_fixes, reachable)
+        fix_holds = not at.get("columns_past_row_end_with_fix")
+    verdict = judge(state.verdict, plugin_fixes, reachable, fix_holds)
     entry.update(state=verdict.token, state_text=verdict.text, exit_code=verdict.exit_code)
     if verdict in (State.AFFECTED, State.STALE_BYTECODE):
-        entry["advice"] = _advice(plugin_info, state)
+        entry["advice"] = _advice(plugin_info, state, fix_holds)
     return entry
 
 
-def _advice(plugin_info, state) -> str:
+def _advice(plugin_info, state, fix_holds: bool = True) -> str:
+    if state.site is not None and state.site.legacy:
+        return "the change in the files is an older form: run `sglang-dsa-fix revert`, then `apply`"
+    if state.verdict is Verdict.FIXED_IN_TREE or not fix_holds:
+        return "this tool's fix does not cover what this configuration needs: see the widths above"
     if state.verdict is Verdict.STALE_BYTECODE:
         return "run `sglang-dsa-fix apply` again: it removes the stale bytecode"
     if state.site is not None and not state.site.hookable:

@@ -80,18 +80,25 @@ _FROM_VERDICT = {
 }
 
 
-def judge(verdict: Verdict, plugin_fixes: bool, reachable: Optional[bool] = None) -> State:
+def judge(
+    verdict: Verdict, plugin_fixes: bool, reachable: Optional[bool] = None, fix_holds: bool = True
+) -> State:
     """The one place a tree verdict becomes a deployment state.
 
     ``plugin_fixes``: the plugin is installed and enabled in the target environment and can fix
     this bug there (it hooks stale bytecode too: what runs then is the pristine code).
-    ``reachable``: None without a configuration; False when the configuration cannot hit the bug.
+    ``reachable``: None without a configuration; False when the configuration cannot hit the bug
+    (for a tree fixed in-tree: when the patched code holds it). ``fix_holds``: the fix's width
+    covers what this configuration needs (False: it would still write past the row end, so it
+    is no protection here).
     """
     if verdict in (Verdict.AFFECTED, Verdict.STALE_BYTECODE):
         if reachable is False:
             return State.NOT_REACHABLE
-        if plugin_fixes:
+        if plugin_fixes and fix_holds:
             return State.PROTECTED_BY_PLUGIN
+    if verdict is Verdict.FIXED_IN_TREE and reachable:
+        return State.AFFECTED  # the change in the files does not hold this configuration
     return _FROM_VERDICT[verdict]
 
 

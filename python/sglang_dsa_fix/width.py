@@ -258,37 +258,61 @@ def pristine_row_extra(version: Optional[str], shape: SpecShape) -> int:
 
 
 def required_row_extra(
-    reserve: int, page_size: int, version: Optional[str], overlap: bool = True, preclaims: bool = True
+    reserve: int,
+    page_size: int,
+    version: Optional[str],
+    overlap: bool = True,
+    preclaims: bool = True,
+    context_len: Optional[int] = None,
 ) -> int:
     """Columns past context_len the row must have for a decode reservation of ``reserve``.
 
     ``reserve`` is sglang's ``get_alloc_reserve_per_decode()`` (2·A). The fix forms call it with
     the release's own function; status calls it with ``reserve_per_decode(shape, version)``.
+    ``page_size`` is the allocator's page, which 0.5.16+ round nxt up to: the last prepare writes
+    up to ``ceil_page(context_len - margin + reserve)``, exactly that for a given
+    ``context_len`` (every earlier prepare ends no further), else its bound ``+ page - 1``.
     """
-    align = page_size - 1 if page_aligns_reservation(version) else 0
-    return reserve + align - committed_margin(version, overlap, preclaims)
+    margin = committed_margin(version, overlap, preclaims)
+    if not page_aligns_reservation(version) or page_size <= 1:
+        return reserve - margin
+    if context_len is None:
+        return reserve + page_size - 1 - margin
+    return -(-(context_len - margin + reserve) // page_size) * page_size - context_len
 
 
-def row_extra_floor(reserve: int) -> int:
-    """What both fix forms guarantee: ``extra >= reserve``, the whole decode reservation.
+def row_extra_floor(reserve: int, alloc_page: int = 1) -> int:
+    """What both fix forms guarantee: the whole decode reservation, plus the page rounding of
+    ``nxt`` where the prepare rounds it (0.5.16+): ``reserve + alloc_page - 1``.
 
     The invariant sglang's own repository tests (``row_width >= context_len +
-    get_alloc_reserve_per_decode()``): it holds whatever kv_committed_len the scheduler lets a
-    request reach, so the fix needs no version-dependent margin. Page alignment: where nxt is
-    page-aligned and the allocator page is > 1 (0.5.16+), sglang's own extra already is
-    ``reserve + page - 1`` (0.5.16 allocation_sizing.py:58-62, 0.5.23 :112-115); at an
-    allocator page of 1 alignment adds nothing; 0.5.13 - 0.5.15 do not align.
+    get_alloc_reserve_per_decode()``, with the allocator page ``page_size x dcp_size``): it
+    holds whatever kv_committed_len the scheduler lets a request reach, so the fix needs no
+    version-dependent margin. ``alloc_page`` is the allocator's page, which the prepare rounds
+    ``nxt`` up to (0.5.17 speculative/eagle_utils.py:889-907: ``token_to_kv_pool_allocator
+    .page_size``, page_size x dcp_size under decode context parallel, mem_cache/
+    kv_cache_builder.py:212); 1 where nxt is not rounded (0.5.13 - 0.5.15). 0.5.16 - 0.5.22 size
+    the row with ``page_size - 1`` only, so under DCP their row is up to ``page x (dcp - 1)``
+    columns short (0.5.23 sizes by ``get_alloc_page_size()``, allocation_sizing.py:22-25).
     """
-    return reserve
+    return reserve + max(0, alloc_page - 1)
+
+
+def alloc_page_size(page_size: int, dcp_size: Optional[int] = None) -> int:
+    """The token allocator's page: ``page_size x dcp_size`` under decode context parallel."""
+    return page_size * max(1, dcp_size or 1)
 
 
 def row_overflow_columns(version: Optional[str], shape: SpecShape) -> int:
     """Columns the last decode reservation writes past the row end (0 = safe) on a pristine tree."""
     reserve = reserve_per_decode(shape, version)
-    need = required_row_extra(reserve, shape.page_size, version, shape.overlap, shape.preclaims_bonus)
+    need = required_row_extra(
+        reserve, shape.page_size, version, shape.overlap, shape.preclaims_bonus, shape.context_length
+    )
     return max(0, need - pristine_row_extra(version, shape))
 
 
 def fixed_row_extra(version: Optional[str], shape: SpecShape) -> int:
     """The row headroom with either fix form live (mirror of what they compute)."""
-    return max(pristine_row_extra(version, shape), row_extra_floor(reserve_per_decode(shape, version)))
+    align = shape.page_size if page_aligns_reservation(version) else 1
+    return max(pristine_row_extra(version, shape), row_extra_floor(reserve_per_decode(shape, version), align))

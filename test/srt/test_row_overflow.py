@@ -222,6 +222,52 @@ class TestRowRuleAgainstSglang(CustomTestCase):
                 )
 
 
+@sized_by_function
+@unittest.skipUnless(
+    width.page_aligns_reservation(VERSION), "nxt is rounded to the allocator page from 0.5.16"
+)
+class TestDcpRowOverflow(CustomTestCase):
+    """Decode context parallel: the allocator pages page_size x dcp_size and the prepare rounds
+    nxt up to that page (0.5.17 speculative/eagle_utils.py:889-907), while 0.5.16 - 0.5.22 size
+    the row with page_size - 1 only; 0.5.23 sizes it by get_alloc_page_size(). DSA's page 64
+    with dcp 2, EAGLE D 4: the pristine row of 0.5.16 - 0.5.22 is short by the rule's count (57
+    columns at context 256); 0.5.23's is not; both fixes hold it on every release."""
+
+    def case(self, dcp: int):
+        return row_overflow.RowCase(256, 4, 64, True, 100, dcp_size=dcp)
+
+    def expected(self, result) -> int:
+        case = result.case
+        reserve = width.reserve_per_decode(shape_of(case), VERSION)
+        need = width.required_row_extra(
+            reserve, case.alloc_page, VERSION, case.overlap, True, case.context_len
+        )
+        return max(0, need - result.row_extra)
+
+    def test_pristine_row_against_the_rule(self):
+        for dcp in (1, 2, 4):
+            with self.subTest(dcp=dcp):
+                result = row_overflow.run(self.case(dcp))
+                expected = self.expected(result)
+                self.assertEqual((result.columns_past_row_end, result.canary_clobbered), (expected, expected))
+                if dcp == 1 or width.at_least(VERSION, (0, 5, 23)):
+                    self.assertEqual(expected, 0)
+                elif dcp == 2:
+                    self.assertEqual(expected, 57)  # ceil_128(252 + 8) = 384 against 256 + 71
+
+    def test_both_fixes_hold_it(self):
+        with patched_copy() as patched:
+            for name, sizing in (
+                ("runtime fix", runtime_fixed_sizing()),
+                ("in-tree patch", patched.sizing_function),
+            ):
+                for dcp in (1, 2, 4):
+                    with self.subTest(fix=name, dcp=dcp):
+                        result = row_overflow.run(self.case(dcp), sizing)
+                        self.assertTrue(result.clean, result)
+                        self.assertGreaterEqual(result.row_extra, 8 + 64 * dcp - 1)  # reserve + page - 1
+
+
 def _has_dflash_v2() -> bool:
     try:
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2  # noqa: F401

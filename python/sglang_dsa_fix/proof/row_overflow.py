@@ -66,10 +66,17 @@ class RowCase:
     topk: int = 1
     num_steps: Optional[int] = None  # default D - 1 (topk 1)
     algorithm: str = "EAGLE"
+    dcp_size: int = 1  # decode context parallel: the allocator pages page_size x dcp_size
 
     @property
     def steps(self) -> int:
         return self.num_steps or max(1, self.num_draft_tokens - 1)
+
+    @property
+    def alloc_page(self) -> int:
+        """The token allocator's page (0.5.17 mem_cache/kv_cache_builder.py:212: under DCP the
+        allocator, and the tree cache with it, page page_size x dcp_size)."""
+        return self.page_size * self.dcp_size
 
 
 @dataclass
@@ -124,6 +131,7 @@ def server_args_for(case: RowCase) -> SimpleNamespace:
         speculative_num_draft_tokens=case.num_draft_tokens,
         max_speculative_num_draft_tokens=case.num_draft_tokens,
         page_size=case.page_size,
+        dcp_size=case.dcp_size,
         strip_thinking_cache=False,
         attention_backend="dsa",  # any CUDA backend: get_last_loc takes its Triton kernel
         enable_mamba_extra_buffer=lambda: False,
@@ -252,9 +260,9 @@ def _allocator(case: RowCase, size: int):
         from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
     except ImportError:
         from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-    if case.page_size == 1:
+    if case.alloc_page == 1:
         return TokenToKVPoolAllocator(size, torch.bfloat16, "cpu", None, False)
-    return PagedTokenToKVPoolAllocator(size, case.page_size, torch.bfloat16, "cpu", None, False)
+    return PagedTokenToKVPoolAllocator(size, case.alloc_page, torch.bfloat16, "cpu", None, False)
 
 
 def _disabled_tree_cache(pool, allocator, page_size: int):
@@ -305,9 +313,9 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         extra = sizing(*sizing_args(server_args))
         row_width = case.context_len + extra
         pool = ReqToTokenPool(size=2, max_context_len=row_width, device="cpu", enable_memory_saver=False)
-        pages = -(-3 * row_width // case.page_size) + 4
-        allocator = _allocator(case, pages * case.page_size)
-        tree_cache = _disabled_tree_cache(pool, allocator, case.page_size)
+        pages = -(-3 * row_width // case.alloc_page) + 4
+        allocator = _allocator(case, pages * case.alloc_page)
+        tree_cache = _disabled_tree_cache(pool, allocator, case.alloc_page)
         free_before = allocator.available_size()
 
         max_new = case.context_len - 2 - case.prompt_len
@@ -323,7 +331,7 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         pool.req_to_token[next_row].fill_(CANARY)
 
         # Prefill: the prompt's KV slots, whole pages at page > 1 (as extend allocates them).
-        aligned = -(-case.prompt_len // case.page_size) * case.page_size
+        aligned = -(-case.prompt_len // case.alloc_page) * case.alloc_page
         slots = allocator.alloc(aligned)[: case.prompt_len]
         pool.req_to_token[row, : case.prompt_len] = slots.to(torch.int32)
         if getattr(owner, "kv", 0) is None:  # 0.5.16 - 0.5.18: Req.kv (ReqKvInfo) set at prefill
