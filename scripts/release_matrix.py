@@ -12,7 +12,8 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
   0.5.23): the whole tier where a function sizes the row (0.5.13+), the pristine overflow where
   the row is sized inline (0.5.11 - 0.5.12);
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
-  and what ``plugin.decide()`` says on the others.
+  and what ``plugin.decide()`` says on the others; the family watch's DSA / NSA replay check and
+  hook targets (test/test_watch.py) where the bug #1 CPU tier runs (0.5.11 - 0.5.13).
 
 Prints one row per release saying what ran, what was skipped and why; exits 1 on any failure.
     python scripts/release_matrix.py [--only 0.5.13,0.5.15] [--full]
@@ -42,6 +43,7 @@ NO_CPU_IMPORT = (
     "CUDA build of several hundred MB (not tried in the CPU environment)"
 )
 UPSTREAM_LAYOUT = "the upstream-form tests are written for the 0.5.13 - 0.5.14 module layout"
+WATCH_TESTS = "test/test_watch.py::TestDsaReplay test/test_watch.py::TestSwitchAndSites"
 UPSTREAM_TESTS = sorted((REPO / "upstream" / "test").rglob("test_*.py"))
 AFFECTED, FIXED_UPSTREAM, NOT_APPLICABLE, NOT_COVERED = (
     "affected",
@@ -174,9 +176,20 @@ def check_patch_tool(row: Row, release: Release, tree) -> None:
 
 
 def run_pytest(row: Row, name: str, site: Path | None, target: str, full: bool) -> None:
+    """``target``: pytest node ids, space-separated."""
     began = time.time()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings", target],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:warnings",
+            *target.split(),
+        ],
         cwd=REPO,
         env=env_for(site, full),
         capture_output=True,
@@ -382,6 +395,8 @@ def main(argv=None) -> int:
             row.add("plugin in spawned processes", True, "run by the main test suite (base environment)")
         elif release.plugin:
             check_plugin_decisions(row, release, site)
+            if release.cpu_tier is None:  # the watch's DSA/NSA replay check on the real backend
+                run_pytest(row, "watch: graph replays and hook targets", site, WATCH_TESTS, args.full)
             if release.page_table == AFFECTED:
                 run_pytest(row, "plugin in spawned processes", site, "test/test_plugin.py", args.full)
         else:

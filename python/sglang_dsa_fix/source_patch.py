@@ -162,9 +162,11 @@ def _state(tree: SglangTree, bug: Bug, use_backups: bool = True) -> BugState:
             )
         return BugState(bug, verdict, site, original, stale, detail)
     if site.fixed_upstream:
-        return BugState(
-            bug, Verdict.FIXED_UPSTREAM, site, detail="reserves the decode reservation at every page size"
-        )
+        held = {
+            Bug.PAGE_TABLE: "sizes the graph page_table as wide as req_to_token",
+            Bug.ROW_OVERFLOW: "reserves the decode reservation at every page size",
+        }[bug]
+        return BugState(bug, Verdict.FIXED_UPSTREAM, site, detail=held)
     if site.unknown:
         return BugState(bug, Verdict.NOT_COVERED, site, detail=site.unknown)
     backup = backup_path(site.path)
