@@ -273,7 +273,7 @@ RESOLUTION_CASES = (
     ("dsa", "mi300", EAGLE_3_4, 1, "not_reachable", 0),  # page 1, but D 4: 2·4 <= 4 + 4
     ("dsa", "mi300", EAGLE_8_9, 1, "affected", 1),
     ("llama", "h200", ["--speculative-algorithm", "NGRAM"], 1, "affected", 1),
-    # DFLASH (0.5.17+): block 16 from the draft's config; its own 2 x block reservation.
+    # DFLASH (spec v2 from 0.5.14; resolved here on 0.5.17 / 0.5.23): block 16 from the draft's config; its own 2 x block reservation.
     (
         "llama",
         "h200",

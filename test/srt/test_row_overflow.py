@@ -178,7 +178,7 @@ class TestFixedRowHoldsTheReservation(CustomTestCase):
             fixes = {"runtime fix": runtime_fixed_sizing(), "in-tree patch": patched.sizing_function}
             checked = 0
             for algorithm, D, topk, steps, pages in INVARIANT_CASES:
-                if not _algorithm_known(algorithm):  # DFLASH: 0.5.17+
+                if not _algorithm_known(algorithm):  # DFLASH: 0.5.14+
                     continue
                 for page, (name, sizing) in itertools.product(pages, fixes.items()):
                     case = row_overflow.RowCase(

@@ -172,10 +172,10 @@ def global_server_args(server_args):
 def _prepare_for_decode(case: RowCase):
     """The release's spec-v2 prepare for this case's algorithm: a callable taking the batch.
 
-    DFLASH (0.5.17+) reserves in its own ``DFlashDraftInputV2.prepare_for_decode`` (0.5.17
-    speculative/dflash_info_v2.py:113, 0.5.23 :114: 2 x block through alloc_for_spec_decode, no
-    row check), on the draft input the batch carries, which spec_prepare_for_decode dispatches
-    to (0.5.23 spec_utils.py:1259-1260); its overlap plan stream is off by default
+    DFLASH (spec v2 from 0.5.14) reserves in its own ``DFlashDraftInputV2.prepare_for_decode``
+    (speculative/dflash_info_v2.py 0.5.14:131, 0.5.17:113, 0.5.23:114: 2 x block, no row check),
+    on the draft input the batch carries, which spec_prepare_for_decode dispatches to (0.5.23
+    spec_utils.py:1259-1260); its overlap plan stream is off by default
     (SGLANG_ENABLE_OVERLAP_PLAN_STREAM). Every other algorithm goes through the EAGLE prepare."""
     if case.algorithm.upper() == "DFLASH":
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
