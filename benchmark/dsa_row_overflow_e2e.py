@@ -66,7 +66,7 @@ LLAMA_CONFIG = Path(__file__).with_name("tiny_llama_model.json")
 
 def prepare(variant: str, work: Path) -> dict:
     """PYTHONPATH for a variant; the observer plugin is on it for every variant."""
-    from sglang_dsa_fix import source_patch
+    from sglang_dsa_fix import snapshot, source_patch
     from sglang_dsa_fix import tree as trees
 
     observer = work / "observer-site"
@@ -89,7 +89,7 @@ def prepare(variant: str, work: Path) -> dict:
         outcome = source_patch.apply(trees.find_tree(str(copy)))
         if variant == "bug1_only":  # put the row sizing file back as it was
             row = next(s for s in outcome.states if s.bug.value == "req_to_token_row")
-            backup = source_patch.backup_path(row.site.path)
+            backup = snapshot.backup_path(row.site.path)
             shutil.move(backup, row.site.path)
         paths.insert(0, str(copy))
     else:  # plugin, plugin_off

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_dsa_fix import backends, plugin, source_patch
+from sglang_dsa_fix import classify, plugin, source_patch
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.verdicts import Bug
 
@@ -142,12 +142,12 @@ def sha(path: Path) -> str:
 def check_patch_tool(row: Row, release: Release, tree) -> None:
     """On a temporary checkout-layout copy of the release's own files."""
     with tempfile.TemporaryDirectory() as tmp:
-        for rel in backends.FILES_READ:
+        for rel in release.FILES_READ:
             if (tree.package / rel).exists():
                 (Path(tmp) / "python/sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(tree.package / rel, Path(tmp) / "python/sglang" / rel)
         copy = trees.find_tree(tmp)
-        states = {s.bug: s for s in source_patch.check(copy)}
+        states = {s.bug: s for s in classify.check(copy)}
         for bug, expected in ((Bug.PAGE_TABLE, release.page_table), (Bug.ROW_OVERFLOW, release.row)):
             state = states[bug]
             where = (

@@ -10,11 +10,13 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from sglang_dsa_fix import backends, cli, sites, tree
+from sglang_dsa_fix import cli, release, sites, tree
+from sglang_dsa_fix.snapshot import read as read_files
 
 INSTALLED = tree.find_tree(None)
-PAGE_TABLE_SITE = sites.page_table_site(INSTALLED)
-ROW_SITE = sites.row_site(INSTALLED)
+INSTALLED_FILES = read_files(INSTALLED)
+PAGE_TABLE_SITE = sites.page_table_site(INSTALLED_FILES)
+ROW_SITE = sites.row_site(INSTALLED_FILES)
 
 
 def run_cli(*argv):
@@ -27,7 +29,7 @@ def run_cli(*argv):
     return rc, out.getvalue(), err.getvalue()
 
 
-def snapshot(root: Path) -> dict:
+def tree_state(root: Path) -> dict:
     """Every file and directory under root: sha256 (files), owner, group and mode."""
     state = {}
     for p in sorted([root, *root.rglob("*")]):
@@ -48,7 +50,7 @@ class PatchToolTestCase(unittest.TestCase):
         self.tmp = Path(tempfile.mkdtemp(prefix="dsa-fix-test-"))
         self.addCleanup(self._cleanup)
         parent = self.tmp / "python" if self.layout == "checkout" else self.tmp
-        for rel in backends.FILES_READ:
+        for rel in release.FILES_READ:
             src = INSTALLED.package / rel
             if src.exists():
                 dst = parent / "sglang" / rel
@@ -70,14 +72,14 @@ class PatchToolTestCase(unittest.TestCase):
         return run_cli(command, "--sglang-root", str(self.tmp), *extra)
 
     def assertRefused(self, command, message_part, root=None, *extra):
-        before = snapshot(self.tmp)
+        before = tree_state(self.tmp)
         rc, out, err = run_cli(command, "--sglang-root", str(root or self.tmp), *extra)
         self.assertEqual(rc, 2, (out, err))
         self.assertIn(message_part, err)
         self.assertEqual(len(err.strip().splitlines()), 1, err)
         self.assertNotIn("Traceback", err)
         self.assertEqual(out, "")
-        self.assertEqual(snapshot(self.tmp), before, f"{command} changed files")
+        self.assertEqual(tree_state(self.tmp), before, f"{command} changed files")
 
     def edit(self, path: Path, old: bytes, new: bytes, count=1):
         data = path.read_bytes()

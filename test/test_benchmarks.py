@@ -191,11 +191,11 @@ def test_row_builder_records_versions_commit_date_and_server_info():
     check_provenance(row, now)
     assert row["variant"] == "plugin"
     assert row["server_info"] == {"version": "0.5.23"}  # whole, as bench_serving stores it
-    from sglang_dsa_fix import tree
+    from sglang_dsa_fix import errors, tree
 
     try:
         expected = tree.find_tree(None).version
-    except tree.ToolError:
+    except errors.ToolError:
         expected = None
     assert row["sglang_version"] == expected
     inside_git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)

@@ -14,9 +14,10 @@ import sys
 import unittest
 from pathlib import Path
 
-from helpers import INSTALLED, PAGE_TABLE_SITE, PatchToolTestCase, run_cli, snapshot
+from helpers import INSTALLED, PAGE_TABLE_SITE, PatchToolTestCase, run_cli, tree_state
 
-from sglang_dsa_fix import source_patch
+from sglang_dsa_fix import classify, snapshot, source_patch
+from sglang_dsa_fix.errors import ToolError
 
 
 def sha(data: bytes) -> str:
@@ -44,18 +45,18 @@ class TestLifecycle(PatchToolTestCase):
         self.assertEqual(rc, 0, out)
         self.assertEqual(out.count(": fixed in-tree by sglang-dsa-fix"), 2, out)
 
-        before = snapshot(self.tmp)
+        before = tree_state(self.tmp)
         rc, out, _ = self.cli("apply")
         self.assertEqual(rc, 0, out)
         self.assertTrue(out.startswith("nothing to apply"), out)
-        self.assertEqual(snapshot(self.tmp), before)
+        self.assertEqual(tree_state(self.tmp), before)
 
         rc, out, _ = self.cli("revert")
         self.assertEqual(rc, 0, out)
         self.assertEqual(sha(self.backend.read_bytes()), sha(self.original))
         self.assertEqual(sha(self.sizing.read_bytes()), sha(self.original_sizing))
-        self.assertFalse(source_patch.backup_path(self.backend).exists())
-        self.assertFalse(source_patch.backup_path(self.sizing).exists())
+        self.assertFalse(snapshot.backup_path(self.backend).exists())
+        self.assertFalse(snapshot.backup_path(self.sizing).exists())
         self.assertEqual(self.cli("check")[0], 1)
 
         rc, out, _ = self.cli("revert")
@@ -99,7 +100,7 @@ class TestMetadataKept(PatchToolTestCase):
         self.cli("apply")
         st = self.backend.stat()
         self.assertEqual((st.st_uid, st.st_gid, st.st_mode & 0o777), (4242, 4343, 0o600))
-        self.assertEqual(source_patch.backup_path(self.backend).stat().st_uid, 4242)
+        self.assertEqual(snapshot.backup_path(self.backend).stat().st_uid, 4242)
         self.cli("revert")
         self.assertEqual(self.backend.stat().st_uid, 4242)
 
@@ -140,7 +141,7 @@ class TestBytecode(PatchToolTestCase):
         self.cli("apply")
         self.assertFalse(pyc.exists(), "apply left bytecode Python would load instead of the fix")
         # Bytecode compiled from the pristine file and left beside the patched one:
-        backup = source_patch.backup_path(self.backend)
+        backup = snapshot.backup_path(self.backend)
         patched = self.backend.read_bytes()
         self.backend.write_bytes(backup.read_bytes())
         self.compile_unchecked(self.backend)
@@ -288,14 +289,14 @@ class TestBadInput(PatchToolTestCase):
         self.assertEqual(self.cli("check")[0], 1)  # the new file, judged by itself
 
     def test_the_plugin_does_not_depend_on_backups(self):
-        from sglang_dsa_fix import source_patch, tree
+        from sglang_dsa_fix import tree
 
         foreign = self.sizing.with_name(self.sizing.name + ".sglang-dsa-fix.orig")
         foreign.write_bytes(b"# not what this tool wrote\n")
         copy = tree.find_tree(str(self.tmp))
-        with self.assertRaises(tree.ToolError):
-            source_patch.check(copy)
-        states = source_patch.check(copy, wait=False, use_backups=False)  # what plugin.decide reads
+        with self.assertRaises(ToolError):
+            classify.check(copy)
+        states = classify.check(copy, wait=False, use_backups=False)  # what plugin.decide reads
         self.assertEqual([s.verdict.value for s in states], ["affected", "affected"])
 
     def test_revert_killed_before_removing_its_backups(self):
@@ -320,7 +321,7 @@ class TestBadInput(PatchToolTestCase):
 
     def test_backup_missing(self):
         self.cli("apply")
-        source_patch.backup_path(self.backend).unlink()
+        snapshot.backup_path(self.backend).unlink()
         self.assertRefused("revert", "has no .sglang-dsa-fix.orig backup")
 
     def test_read_only_file(self):
@@ -436,11 +437,11 @@ class TestOtherReleases(PatchToolTestCase):
         rc, out, _ = self.cli("check")
         self.assertEqual(rc, 0, out)
         self.assertEqual(out.count(": not applicable"), 2, out)
-        before = snapshot(self.tmp)
+        before = tree_state(self.tmp)
         self.assertEqual(self.cli("apply")[0], 0)
         rc, out, err = self.cli("diff")
         self.assertEqual((rc, out), (0, ""))
-        self.assertEqual(snapshot(self.tmp), before)
+        self.assertEqual(tree_state(self.tmp), before)
 
     def test_non_utf8_path_with_a_strict_stdout(self):
         odd = Path(os.fsdecode(bytes(self.tmp) + b"-\xff"))
@@ -509,7 +510,7 @@ class TestConsoleScript(unittest.TestCase):
         )
         from sglang_dsa_fix.status import plugin_installed_here
 
-        states = source_patch.check(INSTALLED)
+        states = classify.check(INSTALLED)
         affected = any(s.verdict.name == "AFFECTED" for s in states)
         # An installed plugin (this venv's editable install) protects the affected bugs: exit 0.
         expected = 1 if affected and not plugin_installed_here() else 0

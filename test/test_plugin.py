@@ -14,7 +14,7 @@ import os
 import unittest
 from types import SimpleNamespace
 
-from helpers import INSTALLED, PAGE_TABLE_SITE, ROW_SITE
+from helpers import INSTALLED_FILES, PAGE_TABLE_SITE, ROW_SITE
 
 from sglang_dsa_fix import plugin, status, width
 
@@ -122,7 +122,7 @@ def run_in_spawned_process(**env):
 
 
 @unittest.skipUnless(status.plugin_installed_here(), "sglang-dsa-fix is not installed (pip install -e .)")
-@unittest.skipUnless(status.plugin_report(INSTALLED, True)["sglang_has_plugin_api"], "no plugin API")
+@unittest.skipUnless(status.plugin_report(INSTALLED_FILES, True)["sglang_has_plugin_api"], "no plugin API")
 class TestPluginInSpawnedProcess(unittest.TestCase):
     def test_plugin_fixes_both_bugs_and_reports_it(self):
         out = run_in_spawned_process()
@@ -205,7 +205,7 @@ class TestPluginNeverRaises(unittest.TestCase):
         self.assertTrue(plugin.STATE["bugs"]["page_table"]["state"].startswith("unsupported"))
 
 
-@unittest.skipUnless(status.plugin_report(INSTALLED, True)["sglang_has_plugin_api"], "no plugin API")
+@unittest.skipUnless(status.plugin_report(INSTALLED_FILES, True)["sglang_has_plugin_api"], "no plugin API")
 class TestHookStates(unittest.TestCase):
     """A hook sglang failed to apply reads "failed"; one applied but never run "not reached";
     register() is idempotent (sglang calls it once per entry point name, and there are two)."""

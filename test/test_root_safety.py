@@ -15,7 +15,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from helpers import PatchToolTestCase, snapshot
+from helpers import PatchToolTestCase, tree_state
 
 from sglang_dsa_fix import safe_files
 
@@ -74,13 +74,13 @@ class RootTestCase(PatchToolTestCase):
         self.victim = self.victim_dir / "dsa_backend.py"
         self.victim.write_bytes(self.original)
         self.victim.chmod(0o600)
-        self.victim_before = snapshot(self.victim_dir)
+        self.victim_before = tree_state(self.victim_dir)
 
     def assertVictimUntouched(self):
         st = self.victim.stat()
         self.assertEqual((st.st_uid, st.st_gid, st.st_mode & 0o7777), (0, 0, 0o600))
         self.assertEqual(self.victim.read_bytes(), self.original)
-        self.assertEqual(snapshot(self.victim_dir), self.victim_before)  # no backup, no temp there
+        self.assertEqual(tree_state(self.victim_dir), self.victim_before)  # no backup, no temp there
 
 
 class TestSymlinkFlipRace(RootTestCase):

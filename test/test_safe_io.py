@@ -9,7 +9,7 @@ from unittest import mock
 
 from helpers import PAGE_TABLE_SITE, PatchToolTestCase
 
-from sglang_dsa_fix import plugin, safe_files, source_patch, tree
+from sglang_dsa_fix import classify, plugin, safe_files, snapshot, source_patch, tree
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
 COOKIE = b"# -*- coding: latin-1 -*-\n"
@@ -65,10 +65,10 @@ class TestPluginDoesNotWait(PatchToolTestCase):
             self.assertLess(time.monotonic() - start, 1.0)
         self.assertEqual([(bug, state, target) for bug, state, target, _ in plans], unlocked)
         self.assertEqual([state for _, state, _, _ in plans], ["hooked", "hooked"])  # affected
-        verdicts = [s.verdict for s in source_patch.check(copy, wait=False)]
+        verdicts = [s.verdict for s in classify.check(copy, wait=False)]
         self.assertEqual(verdicts, [Verdict.AFFECTED, Verdict.AFFECTED])
         # A run that must write still waits for the lock (here: briefly, then one line).
-        with mock.patch.object(source_patch, "LOCK_TIMEOUT_S", 0.2):
+        with mock.patch.object(snapshot, "LOCK_TIMEOUT_S", 0.2):
             self.assertRefused("apply", "another sglang-dsa-fix run holds the lock")
 
 
@@ -89,7 +89,7 @@ class TestErrorsNameTheirFile(PatchToolTestCase):
         # Writes: backup 1, file 1, backup 2, file 2 (bug #1's file first).
         for call, path in (
             (2, self.backend),
-            (3, source_patch.backup_path(self.sizing)),
+            (3, snapshot.backup_path(self.sizing)),
             (4, self.sizing),
         ):
             with self.subTest(call=call), self.fail_write(call):
@@ -99,7 +99,7 @@ class TestErrorsNameTheirFile(PatchToolTestCase):
 
     def test_backup_that_cannot_be_removed_after_revert(self):
         self.assertEqual(self.cli("apply")[0], 0)
-        backup = source_patch.backup_path(self.backend)
+        backup = snapshot.backup_path(self.backend)
         real_unlink = safe_files.unlink
 
         def unlink(loc):
@@ -123,7 +123,7 @@ class TestPlantedFiles(PatchToolTestCase):
     def test_symlink_planted_as_the_backup_is_not_followed(self):
         outside = self.tmp / "outside.py"
         outside.write_bytes(self.original)
-        backup = source_patch.backup_path(self.backend)
+        backup = snapshot.backup_path(self.backend)
         backup.symlink_to(outside)
         for command in ("check", "apply"):
             with self.subTest(command=command):
@@ -142,7 +142,7 @@ class TestPlantedFiles(PatchToolTestCase):
         self.assertEqual(outside.read_bytes(), b"keep me")
 
     def test_fifo_planted_as_the_backup_is_refused_at_once(self):
-        os.mkfifo(source_patch.backup_path(self.backend))
+        os.mkfifo(snapshot.backup_path(self.backend))
         for command in ("check", "apply"):
             with self.subTest(command=command):
                 self.assertRefused(command, "not a regular file")

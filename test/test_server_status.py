@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from sglang_dsa_fix import cli, plugin, server_status
+from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.server_status import API_KEY_ENV, MAX_BODY, NO_PLUGIN, from_server
-from sglang_dsa_fix.tree import ToolError
 
 REPO = Path(__file__).resolve().parents[1]
 BUGS = ("page_table", "req_to_token_row")

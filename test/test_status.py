@@ -9,7 +9,7 @@ from unittest import mock
 
 from helpers import INSTALLED, PatchToolTestCase, run_cli
 
-from sglang_dsa_fix import plugin, status, width
+from sglang_dsa_fix import plugin, release, status
 
 SHAPE = ["--context-length", "512", "--speculative-num-draft-tokens", "5", "--page-size", "64"]
 ENTRY_POINTS = "[sglang.srt.plugins]\nsglang_dsa_fix = sglang_dsa_fix.plugin:register\n"
@@ -280,12 +280,12 @@ class TestVersion(StatusTestCase):
             "0.5.15.post1",
             "0.5.16",
         ]
-        keys = [width.parse_version(v) for v in order]
+        keys = [release.parse_version(v) for v in order]
         self.assertEqual(keys[1], keys[2])  # a local label does not order
         self.assertEqual(sorted(set(keys)), [k for i, k in enumerate(keys) if i != 2])
-        self.assertFalse(width.at_least("0.5.15.dev3", (0, 5, 15)))
-        self.assertTrue(width.at_least("0.5.15.post1", (0, 5, 15)))
-        self.assertIsNone(width.parse_version("not a version"))
+        self.assertFalse(release.at_least("0.5.15.dev3", (0, 5, 15)))
+        self.assertTrue(release.at_least("0.5.15.post1", (0, 5, 15)))
+        self.assertIsNone(release.parse_version("not a version"))
 
     def test_dist_info_wins_over_version_py(self):
         dist = self.tmp / "sglang-0.5.14.dist-info"

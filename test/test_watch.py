@@ -36,7 +36,7 @@ from unittest import mock
 import graph_backends
 import torch
 
-from sglang_dsa_fix import plugin, runtime_fix, watch
+from sglang_dsa_fix import plugin, release, runtime_fix, watch
 
 REPO = Path(__file__).resolve().parents[1]
 # Other releases as overlays (scripts/release_matrix.py installs them into .matrix/).
@@ -705,7 +705,7 @@ class TestPlugin(unittest.TestCase):
 
     def test_not_registered_unless_asked(self):
         registered = self.register(SGLANG_DSA_FIX_WATCH="0")
-        for candidate in watch.CANDIDATES:
+        for candidate in release.WATCH_TARGETS:
             self.assertNotIn("AROUND", registered.get(candidate.target, []))
 
     def test_first_violation_logged_once(self):

@@ -1,7 +1,7 @@
 """``sglang-dsa-fix``: apply | check | revert | diff | status | demo.
 
 The only module that renders text or JSON. Every failure is one line on stderr and exit 2
-(``verdicts.EXIT_CANNOT_TELL``); with ``--json`` a JSON object with an ``error`` field is printed
+(``errors.EXIT_ERROR``); with ``--json`` a JSON object with an ``error`` field is printed
 on stdout too.
 """
 
@@ -14,9 +14,9 @@ import sys
 
 from sglang_dsa_fix import __version__, source_patch
 from sglang_dsa_fix import tree as trees
+from sglang_dsa_fix.errors import EXIT_ERROR, EXIT_OK, ToolError
 from sglang_dsa_fix.resolve import GPU_PROFILE_NAMES
-from sglang_dsa_fix.tree import ToolError
-from sglang_dsa_fix.verdicts import EXIT_CANNOT_TELL, EXIT_PROTECTED, Bug
+from sglang_dsa_fix.verdicts import Bug
 
 PROG = "sglang-dsa-fix"
 
@@ -49,20 +49,20 @@ def _outcome_text(outcome) -> str:
 def run_apply(args) -> tuple[dict, str, int]:
     tree = trees.find_tree(args.sglang_root)
     outcome = source_patch.apply(tree, args.allow_unsafe_dirs)
-    return {"sglang_version": tree.version, **outcome.to_dict()}, _outcome_text(outcome), EXIT_PROTECTED
+    return {"sglang_version": tree.version, **outcome.to_dict()}, _outcome_text(outcome), EXIT_OK
 
 
 def run_revert(args) -> tuple[dict, str, int]:
     tree = trees.find_tree(args.sglang_root)
     outcome = source_patch.revert(tree, args.allow_unsafe_dirs)
-    return {"sglang_version": tree.version, **outcome.to_dict()}, _outcome_text(outcome), EXIT_PROTECTED
+    return {"sglang_version": tree.version, **outcome.to_dict()}, _outcome_text(outcome), EXIT_OK
 
 
 def run_diff(args) -> tuple[dict, str, int]:
     tree = trees.find_tree(args.sglang_root)
     diff = source_patch.upstream_diff(tree)
     data = {"sglang_version": tree.version, "diff": diff.decode("utf-8", "surrogateescape")}
-    return data, diff, EXIT_PROTECTED
+    return data, diff, EXIT_OK
 
 
 def run_status(args) -> tuple[dict, str, int]:
@@ -286,9 +286,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         if _Parser.json_requested:
-            print(json.dumps(_contract({"error": message, "exit_code": EXIT_CANNOT_TELL})))
+            print(json.dumps(_contract({"error": message, "exit_code": EXIT_ERROR})))
         self.print_usage(sys.stderr)
-        self.exit(EXIT_CANNOT_TELL, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -400,7 +400,7 @@ def main(argv=None) -> int:
         return _main(argv)
     except BrokenPipeError:  # `sglang-dsa-fix status | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_PROTECTED
+        return EXIT_OK
 
 
 SHAPE_FLAGS = (
@@ -423,7 +423,7 @@ def _main(argv=None) -> int:
     parser = build_parser()
     if _Parser.json_requested and argv[:1] in (["--version"], ["-V"]):
         print(json.dumps(_contract({"command": "version"})))
-        return EXIT_PROTECTED
+        return EXIT_OK
     args = parser.parse_args(argv)
     args.launch_args = launch_args
     if launch_args is not None and args.command != "status":
@@ -499,10 +499,8 @@ def _contract(data: dict) -> dict:
 def _fail(args, message: str) -> int:
     print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
     if args.json:
-        print(
-            json.dumps(_contract({"command": args.command, "error": message, "exit_code": EXIT_CANNOT_TELL}))
-        )
-    return EXIT_CANNOT_TELL
+        print(json.dumps(_contract({"command": args.command, "error": message, "exit_code": EXIT_ERROR})))
+    return EXIT_ERROR
 
 
 if __name__ == "__main__":

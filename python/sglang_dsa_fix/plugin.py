@@ -191,15 +191,17 @@ def report() -> dict:
 ROW_INLINE_STATE = "not fixed by the plugin (this release sizes the row inline): run `sglang-dsa-fix apply`"
 
 
-def decide():
-    """[(bug, state, hook target, hook)] for this tree. Target None: nothing to hook."""
-    from sglang_dsa_fix import source_patch, tree
+def decide(sglang=None):
+    """[(bug, state, hook target, hook)] for this tree (None: the importable sglang's). Target
+    None: nothing to hook."""
+    from sglang_dsa_fix import classify, sites, snapshot, tree
 
-    sglang = tree.find_tree(None)
+    sglang = tree.find_tree(None) if sglang is None else sglang
+    # lock=False: sglang's start-up never waits on a running apply/revert's lock.
+    files = snapshot.read(sglang, use_backups=False, lock=False)
     plans = []
     switch = kill_switch_value()
-    # wait=False: sglang's start-up never waits on a running apply/revert's lock.
-    for state in source_patch.check(sglang, wait=False, use_backups=False):
+    for state in classify.states(files):
         bug, verdict, site = state.bug, state.verdict, state.site
         # Stale bytecode means the pristine code is what runs: hook it (the hooks are no-ops
         # where the width is already right).
@@ -210,9 +212,7 @@ def decide():
         elif not site.hookable:
             plans.append((bug, ROW_INLINE_STATE, None, None))
         elif bug is Bug.PAGE_TABLE:
-            from sglang_dsa_fix.sites import backend_file
-
-            layout, _ = backend_file(sglang)
+            layout, _ = sites.backend_file(files)
             plans.append((bug, "hooked", layout.hook_target, _page_table_body))
         else:
             module = ".".join(site.path.relative_to(sglang.package_parent).with_suffix("").parts)
@@ -232,7 +232,10 @@ def register() -> None:
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-        plans = decide()
+        from sglang_dsa_fix import tree
+
+        sglang = tree.find_tree(None)  # the tree, found once for the fixes and the watch
+        plans = decide(sglang)
     except Exception as exc:  # never break sglang's start-up
         for bug in Bug:
             _set(bug, f"unsupported ({type(exc).__name__}: {exc}); sglang untouched")
@@ -252,7 +255,7 @@ def register() -> None:
             _set(bug, state, **({"target": target} if state.startswith(INSTALLED_STATE) else {}))
     if watch.enabled():  # opt-in (SGLANG_DSA_FIX_WATCH), independent of the fixes and the kill switch
         try:
-            for target, hook_type, hook in watch.hooks(None):
+            for target, hook_type, hook in watch.hooks(sglang):
                 HookRegistry.register(target, hook, HookType[hook_type])
                 WATCH_HOOKS.append(target)
         except Exception as exc:

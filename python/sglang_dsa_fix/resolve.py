@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import width
-from sglang_dsa_fix.tree import SglangTree, ToolError
+from sglang_dsa_fix import runtime_fix, width
+from sglang_dsa_fix.errors import ToolError
+from sglang_dsa_fix.tree import SglangTree
 
 # name -> what sglang's probes see. mem_mib as the driver reports it.
 GPU_PROFILES = {
@@ -97,7 +98,7 @@ class Request:
 
 def configuration(tree: SglangTree, version: str, request: Request) -> dict:
     """The configuration step of the verdict flow. ``version``: the release whose pristine
-    arithmetic the static rule uses (the tree's files decide it, ``source_patch.read_tree``)."""
+    arithmetic the static rule uses (the tree's files decide it, ``classify.read_tree``)."""
     if request.launch_args is not None:
         return resolve(tree, request.launch_args, version, request.python, request.gpu, request.prove)
     return static(request.shape, version)
@@ -467,26 +468,11 @@ def _context_len(server_args) -> int:
         return int(server_args.get_model_config().context_len)
 
 
-def sizing_module():
-    """The module holding ``get_req_to_token_extra_context_len``; None where the release sizes
-    the row inline (0.5.9 - 0.5.12, model_executor/model_runner_kv_cache_mixin.py)."""
-    import importlib
-
-    for name in ("sglang.srt.mem_cache.allocation_sizing", "sglang.srt.mem_cache.common"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(module, "get_req_to_token_extra_context_len"):
-            return module
-    return None
-
-
 def _widths(server_args) -> dict:
     """sglang's own row headroom and decode reservation for these server args."""
     import inspect
 
-    module = sizing_module()
+    module = runtime_fix.sizing_module()
     if module is None:
         return {}
     extra, reserve = module.get_req_to_token_extra_context_len, module.get_alloc_reserve_per_decode

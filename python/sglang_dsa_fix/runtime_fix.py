@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from sglang_dsa_fix import backends, width
+from sglang_dsa_fix import release, width
 
 _WRAPPED_MARK = "__sglang_dsa_fix_original__"
 
@@ -31,7 +31,7 @@ def row_extra_fix(module_name: str):
 
     def after(result, *args, **kwargs):
         module = importlib.import_module(module_name)
-        reserve = getattr(module, backends.RESERVE_FUNCTION)(*args, **kwargs)
+        reserve = getattr(module, release.RESERVE_FUNCTION)(*args, **kwargs)
         return max(result, width.row_extra_floor(reserve, _alloc_page(module, args, kwargs)))
 
     return after
@@ -47,9 +47,21 @@ def _alloc_page(module, args, kwargs) -> int:
         return int(own(*args, **kwargs))
     if not module.__name__.endswith("allocation_sizing"):
         return 1
-    server_args = args[0] if args else kwargs.get("server_args")
-    page = getattr(server_args, "page_size", None) or 1
-    return width.alloc_page_size(page, getattr(server_args, "dcp_size", 1))
+    return width.alloc_page_size(args[0] if args else kwargs.get("server_args"))
+
+
+def sizing_module():
+    """The imported sglang module holding the row sizing function
+    (``release.ROW_SIZING_FILES``); None where the release sizes the row inline (0.5.9 - 0.5.12)."""
+    for relative in release.ROW_SIZING_FILES:
+        name = "sglang." + relative.removesuffix(".py").replace("/", ".")
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, release.ROW_SIZING_FUNCTION):
+            return module
+    return None
 
 
 def install_page_table_fix(cls):

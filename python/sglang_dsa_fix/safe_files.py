@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix.tree import ToolError
+from sglang_dsa_fix.errors import ToolError
 
 MAX_SYMLINKS = 40  # the kernel's limit before ELOOP
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -17,8 +17,8 @@ from typing import Optional
 from urllib.parse import urljoin, urlsplit
 
 from sglang_dsa_fix import plugin
-from sglang_dsa_fix.tree import ToolError
-from sglang_dsa_fix.verdicts import EXIT_AFFECTED, EXIT_CANNOT_TELL, EXIT_PROTECTED, combined_exit
+from sglang_dsa_fix.errors import EXIT_AFFECTED, EXIT_CANNOT_TELL, EXIT_PROTECTED, ToolError
+from sglang_dsa_fix.verdicts import combined_exit
 
 DEFAULT_TIMEOUT = 30.0  # seconds, for connect + headers + body together
 MAX_BODY = 16 << 20  # bytes; a /server_info is a few KiB per rank

@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import os
 import re
-import stat
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import backends, safe_files, width
-from sglang_dsa_fix.tree import SglangTree, ToolError
+from sglang_dsa_fix import release, width
+from sglang_dsa_fix.errors import ToolError
+from sglang_dsa_fix.snapshot import TreeFiles
 from sglang_dsa_fix.verdicts import Bug
 
 # Comments the in-tree change adds (upstream style; check recognises the change by them).
@@ -42,7 +41,7 @@ PAGE_TABLE_COMMENT = (
 )
 
 
-def row_comment(reserve: str = f"{backends.RESERVE_FUNCTION}()") -> tuple[str, ...]:
+def row_comment(reserve: str = f"{release.RESERVE_FUNCTION}()") -> tuple[str, ...]:
     return (
         "# Hold the whole spec-v2 decode reservation at every page size: it writes this row",
         f"# up to kv_committed_len + {reserve}, and kv_committed_len approaches context_len.",
@@ -116,30 +115,12 @@ def _lines_above(lines: list[bytes], lineno: int, count: int) -> list[str]:
     return [line.strip().decode("utf-8", "replace") for line in above]
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return safe_files.read(path)  # through one fd, checked to be the file looked up
-    except OSError as exc:
-        raise ToolError(f"{path}: cannot read ({exc.strerror})") from None
-
-
 def _parse(path: Path, data: bytes) -> ast.Module:
     try:
         return ast.parse(data, filename=str(path))
     except (SyntaxError, ValueError) as exc:
         detail = f"{exc.msg}, line {exc.lineno}" if isinstance(exc, SyntaxError) else str(exc)
         raise ToolError(f"{path}: not recognised: does not parse ({detail})") from None
-
-
-def _is_file(path: Path) -> bool:
-    """Is there a regular file? Absent is an answer; unreadable is not: a directory the tool
-    may not search (``attention/`` at 0700 as another user) must not read as "no DSA backend"."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    except OSError as exc:
-        raise ToolError(f"{path}: cannot read ({exc.strerror})") from None
 
 
 # ------------------------------------------------------------------------------ bug #1
@@ -195,29 +176,28 @@ def _resolves_to_pool_width(expr: str, method_text: bytes) -> bool:
     return re.search(assign, method_text, re.MULTILINE) is not None
 
 
-def backend_file(tree: SglangTree):
+def backend_file(files: TreeFiles):
     """(layout, path) of the backend file this release uses, or None (no DSA/NSA backend).
 
     The newest layout whose file exists decides; 0.5.13 - 0.5.20 keep a class-less
     ``nsa_backend.py`` shim beside ``dsa_backend.py``, so a shim only counts when it is alone.
     """
-    for layout in backends.LAYOUTS:
-        path = tree.file(layout.relative_path)
-        if _is_file(path):
-            return layout, path
+    for layout in release.LAYOUTS:
+        if files.exists(layout.relative_path):
+            return layout, files.path(layout.relative_path)
     return None
 
 
-def page_table_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
+def page_table_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[Site]:
     """Bug #1's site, or None where sglang has no DSA/NSA backend. ToolError if unrecognised.
 
     ``data``: parse these bytes as the file's content (a backup) instead of reading it.
     """
-    found = backend_file(tree)
+    found = backend_file(files)
     if found is None:
         return None
     layout, path = found
-    data = _read(path) if data is None else data
+    data = files.data(layout.relative_path) if data is None else data
     module = _parse(path, data)
     cls = _class(module, layout.class_name)
     method = cls and _method(cls, "init_cuda_graph_state")
@@ -258,54 +238,52 @@ def page_table_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[
 # ------------------------------------------------------------------------------ bug #2
 
 
-def row_sizing_file(tree: SglangTree):
+def row_sizing_file(files: TreeFiles):
     """(path, bytes) of the file that defines the row sizing function, or (None, None)."""
-    for relative in backends.ROW_SIZING_FILES:
-        path = tree.file(relative)
-        if _is_file(path):
-            data = _read(path)
-            if f"def {backends.ROW_SIZING_FUNCTION}(".encode() in data:
-                return path, data
+    for relative in release.ROW_SIZING_FILES:
+        data = files.data(relative)
+        if data is not None and f"def {release.ROW_SIZING_FUNCTION}(".encode() in data:
+            return files.path(relative), data
     return None, None
 
 
-def has_spec_v2_reservation(tree: SglangTree) -> bool:
+def has_spec_v2_reservation(files: TreeFiles) -> bool:
     """Releases before the sizing function: is the spec-v2 decode reservation there at all?"""
-    return _is_file(tree.file(backends.SPEC_V2_DECODE_FILE))
+    return files.exists(release.SPEC_V2_DECODE_FILE)
 
 
-def row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
+def row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[Site]:
     """Bug #2's site, or None where this tool has none. ToolError if unrecognised."""
-    path, read = row_sizing_file(tree)
+    path, read = row_sizing_file(files)
     if path is None:
-        return inline_row_site(tree, data)
+        return inline_row_site(files, data)
     data = read if data is None else data
     module = _parse(path, data)
     functions = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
-    function = functions.get(backends.ROW_SIZING_FUNCTION)
+    function = functions.get(release.ROW_SIZING_FUNCTION)
     last = function.body[-1] if function and function.body else None
     if (
-        backends.RESERVE_FUNCTION not in functions
+        release.RESERVE_FUNCTION not in functions
         or not isinstance(last, ast.Return)
         or not isinstance(last.value, ast.Name)
     ):
         raise ToolError(
-            f"{path}: not recognised: expected {backends.ROW_SIZING_FUNCTION} ending in "
-            f"`return <name>` beside {backends.RESERVE_FUNCTION}"
+            f"{path}: not recognised: expected {release.ROW_SIZING_FUNCTION} ending in "
+            f"`return <name>` beside {release.RESERVE_FUNCTION}"
         )
     variable = last.value.id
     # 0.5.13 - 0.5.22 pass server_args along; 0.5.23 reads global bags and takes no argument.
     params = [a.arg for a in function.args.args]
     call_args = "server_args" if "server_args" in params else ""
-    reserve_only = f"{variable} = max({variable}, {backends.RESERVE_FUNCTION}({call_args}))"
+    reserve_only = f"{variable} = max({variable}, {release.RESERVE_FUNCTION}({call_args}))"
     comment, replacement, older = row_comment(), reserve_only, ()
     if call_args and path.name == "allocation_sizing.py" and "get_alloc_page_size" not in functions:
         # 0.5.16 - 0.5.22 round nxt up to the allocator's page but size by page_size alone
         # (width.row_extra_floor). The reservation-only form of sglang-dsa-fix 0.3 is older.
         comment, older = ROUNDED_ROW_COMMENT, ((row_comment(), reserve_only),)
         replacement = (
-            f"{variable} = max({variable}, {backends.RESERVE_FUNCTION}(server_args) + server_args.page_size"
-            ' * getattr(server_args, "dcp_size", 1) - 1)'
+            f"{variable} = max({variable}, {release.RESERVE_FUNCTION}(server_args) + "
+            f"{width.ALLOC_PAGE_SOURCE} - 1)"
         )
     site = _row_statement_before(path, data, last, comment, replacement, f"return {variable}", older=older)
     gates = _reserve_gates(function, variable)
@@ -314,13 +292,13 @@ def row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
     if not gates:
         return dataclasses.replace(
             site,
-            unknown=f"{backends.ROW_SIZING_FUNCTION} does not raise `{variable}` by "
-            f"{backends.RESERVE_FUNCTION}() in a form this tool knows",
+            unknown=f"{release.ROW_SIZING_FUNCTION} does not raise `{variable}` by "
+            f"{release.RESERVE_FUNCTION}() in a form this tool knows",
         )
     if any(not _mentions(tests, "page_size") for tests in gates):
         # Some path reserves it whatever the page size: held at page 1 too.
         return dataclasses.replace(site, fixed_upstream=True)
-    margin = width.committed_margin(arithmetic_version(tree)[0])
+    margin = width.committed_margin(arithmetic_version(files)[0])
     topk_gated = all(_mentions(tests, "topk") for tests in gates)
     when = (
         f"with topk 1 at any page size from D {margin + 5} (D - {margin + 4} columns), and with "
@@ -349,7 +327,7 @@ def _reserve_gates(function: ast.FunctionDef, variable: str) -> list:
                 isinstance(node, ast.Assign)
                 and [getattr(t, "id", None) for t in node.targets] == [variable]
                 and any(
-                    isinstance(n, ast.Call) and _name_of(n.func) == backends.RESERVE_FUNCTION
+                    isinstance(n, ast.Call) and _name_of(n.func) == release.RESERVE_FUNCTION
                     for n in ast.walk(node.value)
                 )
             ):
@@ -368,14 +346,14 @@ def _mentions(tests: list, word: str) -> bool:
     return any(word in _name_of(n) for test in tests for n in ast.walk(test))
 
 
-def preclaims_bonus_slot(tree: SglangTree) -> bool:
+def preclaims_bonus_slot(files: TreeFiles) -> bool:
     """Does the spec-v2 prepare pre-claim the bonus slot (``kv_committed_len += 1``)? The file
     shape of 0.5.11 - 0.5.14 (0.5.14 speculative/eagle_info_v2.py:62); 0.5.15 moved the
     reservation to eagle_utils.py and commits the bonus in resolve."""
-    path = tree.file(backends.SPEC_V2_DECODE_FILE)
-    if not _is_file(path):
+    data = files.data(release.SPEC_V2_DECODE_FILE)
+    if data is None:
         return False
-    for node in ast.walk(_parse(path, _read(path))):
+    for node in ast.walk(_parse(files.path(release.SPEC_V2_DECODE_FILE), data)):
         if (
             isinstance(node, ast.AugAssign)
             and _name_of(node.target) == "kv_committed_len"
@@ -385,30 +363,15 @@ def preclaims_bonus_slot(tree: SglangTree) -> bool:
     return False
 
 
-def arithmetic_version(tree: SglangTree) -> tuple:
+def arithmetic_version(files: TreeFiles) -> tuple:
     """(version for the pristine arithmetic, note): the label, unless the files' shape says
-    otherwise (a 0.5.14 tree labelled 0.5.15 keeps 0.5.14's margin): the files win."""
-    label = tree.version
-    sizing, _ = row_sizing_file(tree)
-    if sizing is None and not _is_file(tree.file(backends.SPEC_V2_DECODE_FILE)):
-        return label, ""
-    if preclaims_bonus_slot(tree):
-        shape, lowest, below = "0.5.14", None, (0, 5, 15)
-        what = "the spec-v2 prepare pre-claims the bonus slot (0.5.11 - 0.5.14)"
-    elif sizing is not None and sizing.name == "common.py":
-        shape, lowest, below = "0.5.15", (0, 5, 15), (0, 5, 16)
-        what = "the row is sized in mem_cache/common.py without a pre-claim (0.5.15)"
-    elif sizing is not None:
-        shape, lowest, below = "0.5.16", (0, 5, 16), None
-        what = "the row is sized in mem_cache/allocation_sizing.py (0.5.16+)"
-    else:
-        return label, ""
-    fits = (lowest is None or width.at_least(label, lowest)) and (
-        below is None or not width.at_least(label, below)
-    )
-    if fits:
-        return label, ""
-    return shape, f"the files contradict the version {label}: {what}; judged as {shape}"
+    otherwise (a 0.5.14 tree labelled 0.5.15 keeps 0.5.14's margin): the files win
+    (``release.detected_form``)."""
+    sizing, _ = row_sizing_file(files)
+    if sizing is None and not has_spec_v2_reservation(files):
+        return files.tree.version, ""
+    kind = None if sizing is None else sizing.stem
+    return release.detected_form(files.tree.version, preclaims_bonus_slot(files), kind)
 
 
 def _row_statement_before(
@@ -448,7 +411,7 @@ def _row_statement_before(
     )
 
 
-def inline_row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[Site]:
+def inline_row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[Site]:
     """0.5.9 - 0.5.12 size the row inline in ModelRunner (0.5.12 model_runner_kv_cache_mixin.py
     :245-247: ``extra_max_context_len = 4``, then ``+= speculative_num_draft_tokens`` under an
     ``if``). The change goes right after that ``if``: raise the variable to
@@ -456,18 +419,18 @@ def inline_row_site(tree: SglangTree, data: Optional[bytes] = None) -> Optional[
     gives at topk 1 (0.5.12 managers/utils.py:232-233), the only topk spec v2 runs there. Not a
     call to it: it raises for page > 1 with topk > 1, which a spec-v1 deployment may use.
     None where the release has no such block or no ``get_alloc_len_per_decode``."""
-    path = tree.file(backends.INLINE_ROW_FILE)
-    alloc = tree.file(backends.INLINE_ALLOC_FILE)
-    if not (has_spec_v2_reservation(tree) and _is_file(path) and _is_file(alloc)):
+    path = files.path(release.INLINE_ROW_FILE)
+    alloc = files.data(release.INLINE_ALLOC_FILE)
+    if not (has_spec_v2_reservation(files) and files.exists(release.INLINE_ROW_FILE) and alloc is not None):
         return None
-    if f"def {backends.INLINE_ALLOC_FUNCTION}(".encode() not in _read(alloc):
+    if f"def {release.INLINE_ALLOC_FUNCTION}(".encode() not in alloc:
         return None
-    data = _read(path) if data is None else data
-    variable = backends.INLINE_ROW_VARIABLE
+    data = files.data(release.INLINE_ROW_FILE) if data is None else data
+    variable = release.INLINE_ROW_VARIABLE
     args = "self.server_args"
     alloc_len = f"max({args}.speculative_num_steps or 1, {args}.speculative_num_draft_tokens or 0)"
     replacement = f"{variable} = max({variable}, 2 * {alloc_len})"
-    comment = row_comment(f"2 * {backends.INLINE_ALLOC_FUNCTION}()")
+    comment = row_comment(f"2 * {release.INLINE_ALLOC_FUNCTION}()")
     ours = f"{variable} = max({variable}, 2 * "  # this form and the older margin form
     lines = data.splitlines(keepends=True)
     for body in (n.body for n in ast.walk(_parse(path, data)) if isinstance(getattr(n, "body", None), list)):
@@ -498,9 +461,9 @@ def _source_line(lines: list[bytes], node: ast.stmt) -> str:
 LOCATORS = {Bug.PAGE_TABLE: page_table_site, Bug.ROW_OVERFLOW: row_site}
 
 
-def site_in(site: Site, tree: SglangTree, data: bytes) -> Optional[Site]:
+def site_in(site: Site, files: TreeFiles, data: bytes) -> Optional[Site]:
     """The same bug's site in other bytes of the same file (a backup), or None."""
     try:
-        return LOCATORS[site.bug](tree, data)
+        return LOCATORS[site.bug](files, data)
     except ToolError:
         return None

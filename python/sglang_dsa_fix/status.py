@@ -1,6 +1,6 @@
 """``check`` and ``status``: is THIS tree / deployment protected, per bug? One flow, one way:
 
-    1. tree: ``source_patch.read_tree`` (what the files say, per bug, and which release's
+    1. tree: ``classify.read_tree`` (what the files say, per bug, and which release's
        arithmetic they carry), and the plugin (the TARGET environment's own metadata, never the
        caller's Python unless that is it);
     2. configuration and widths (optional): ``resolve.configuration`` — sglang's own ServerArgs
@@ -19,9 +19,10 @@ from __future__ import annotations
 import configparser
 from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
-from sglang_dsa_fix import backends, plugin, resolve, source_patch, width
+from sglang_dsa_fix import classify, plugin, release, resolve, width
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.verdicts import Bug, State, Verdict, combined_exit, judge
 
@@ -81,13 +82,16 @@ def plugin_installed_here() -> bool:
     )
 
 
-def plugin_report(tree, own_environment: bool) -> dict:
-    api = tree.file(backends.PLUGIN_API_FILE).is_file()
+def plugin_report(files, own_environment: bool) -> dict:
+    """Is the plugin installed where the server imports it, and does this release load it
+    (``files``: the tree as ``snapshot.read`` read it)?"""
+    tree = files.tree
+    api = files.exists(release.PLUGIN_API_FILE)
     installed = plugin_installed_here() if own_environment else plugin_installed_in(tree.package_parent)
     bypass = [
         name
-        for relative, name in backends.PLUGINLESS_LAUNCHERS.items()
-        if tree.file(relative).is_file() and b"load_plugins" not in tree.file(relative).read_bytes()
+        for relative, name in release.PLUGINLESS_LAUNCHERS.items()
+        if files.exists(relative) and b"load_plugins" not in files.data(relative)
     ]
     return {
         "installed": installed,
@@ -122,7 +126,12 @@ def decision_inputs(resolved: dict) -> dict:
         "num_draft_tokens": config.get("speculative_num_draft_tokens") or 0,
         "overlap": not config.get("disable_overlap_schedule"),
         "alloc_page_size": widths.get("alloc_page_size")
-        or config.get("page_size", 1) * (config.get("attn_dcp_size") or config.get("dcp_size") or 1),
+        or width.alloc_page_size(
+            SimpleNamespace(
+                page_size=config.get("page_size"),
+                dcp_size=config.get("attn_dcp_size") or config.get("dcp_size"),
+            )
+        ),
         "row_extra": widths["row_extra"],
         "decode_reserve": widths["decode_reserve"],
         "graph_page_table_width": widths.get("graph_page_table_width"),
@@ -219,9 +228,9 @@ def measured(at: dict, prove: dict) -> dict:
 def collect(root: Optional[str], request: Optional[resolve.Request] = None) -> dict:
     """The whole report for a tree, and for a configuration when ``request`` names one.
     ToolError when the tree cannot be judged or sglang rejects the arguments."""
-    files = source_patch.read_tree(trees.find_tree(root))
+    files = classify.read_tree(trees.find_tree(root))
     tree = files.tree
-    plugin_info = plugin_report(tree, own_environment=root is None)
+    plugin_info = plugin_report(files.files, own_environment=root is None)
     resolved = None
     if request is not None:
         resolved = resolve.configuration(tree, files.arithmetic_version, request)

@@ -8,11 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix.backends import VERSION_FILES
-
-
-class ToolError(Exception):
-    """Bad input or an environment we cannot work on: one line, exit 2, nothing written."""
+from sglang_dsa_fix.errors import ToolError
+from sglang_dsa_fix.release import VERSION_FILES
 
 
 @dataclass(frozen=True)

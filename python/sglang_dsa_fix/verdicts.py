@@ -1,7 +1,7 @@
 """One verdict model for ``check``, ``status``, ``status --url``, the plugin and the README.
 
 Two layers, each a small enum:
-- ``Verdict``: what the tree's files say about one bug (``source_patch.inspect``);
+- ``Verdict``: what the tree's files say about one bug (``classify.states``);
 - ``State``: what that means for a deployment once the plugin and (with ``status``) the
   configuration are taken into account. Every ``State`` has exactly one exit code; the README's
   exit-code table lists them and a test compares the two.
@@ -12,10 +12,7 @@ from __future__ import annotations
 import enum
 from typing import Optional
 
-# Exit codes of every command (README has the table).
-EXIT_PROTECTED = 0  # every bug protected (fixed, fix live, not reachable) or not applicable
-EXIT_AFFECTED = 1  # some bug affected and not protected
-EXIT_CANNOT_TELL = 2  # error, unrecognised tree, or a bug this tool cannot judge here
+from sglang_dsa_fix.errors import EXIT_AFFECTED, EXIT_CANNOT_TELL, EXIT_PROTECTED
 
 
 class Bug(enum.Enum):

@@ -43,6 +43,20 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from sglang_dsa_fix import width
+from sglang_dsa_fix.release import (
+    DSA_REPLAY,
+    FA3_REPLAY,
+    FLASHINFER_MLA_REPLAY,
+    FLASHINFER_REPLAY,
+    FLASHMLA_REPLAY,
+    ROW_READ,
+    ROW_WRITE,
+    TRITON_REPLAY,
+    TRTLLM_MHA_REPLAY,
+    TRTLLM_MLA_REPLAY,
+    WATCH_TARGETS,
+    WatchTarget,
+)
 
 logger = logging.getLogger("sglang_dsa_fix")
 
@@ -50,10 +64,6 @@ WATCH_ENV = "SGLANG_DSA_FIX_WATCH"
 ON_VALUES = ("1", "true", "yes", "on")
 AROUND = "AROUND"  # sglang's HookType name: hook(original_fn, *args, **kwargs)
 
-ROW_WRITE, ROW_READ, DSA_REPLAY, FA3_REPLAY = "row_write", "row_read", "dsa_replay", "fa3_replay"
-FLASHINFER_REPLAY, FLASHINFER_MLA_REPLAY = "flashinfer_replay", "flashinfer_mla_replay"
-TRITON_REPLAY, FLASHMLA_REPLAY = "triton_replay", "flashmla_replay"
-TRTLLM_MHA_REPLAY, TRTLLM_MLA_REPLAY = "trtllm_mha_replay", "trtllm_mla_replay"
 DEVICE_KINDS = (ROW_WRITE, ROW_READ)  # checked on the device
 # Counter names per kind: (sites counted, columns past the end), as report() spells them.
 COUNTERS = {
@@ -74,186 +84,6 @@ GRAPH_TOTAL = "graph_replays_short"
 def enabled(value: Optional[str] = None) -> bool:
     value = os.environ.get(WATCH_ENV, "") if value is None else value
     return value.strip().lower() in ON_VALUES
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One place a watched function lives, for the releases in [since, until] (None: open)."""
-
-    kind: str
-    target: str  # dotted path, as HookRegistry resolves it
-    buffer: str  # what the checked width is the width of
-    since: tuple
-    until: Optional[tuple] = None
-
-    def covers(self, version: Optional[str]) -> bool:
-        if width.parse_version(version) is None:
-            return True  # unknown release: let resolution decide
-        if not width.at_least(version, self.since):
-            return False
-        return self.until is None or not width.at_least(version, (*self.until[:2], self.until[2] + 1))
-
-
-# In preference order per kind; the first one in range that resolves is hooked.
-CANDIDATES = (
-    # 0.5.16+: a module global of mem_cache/allocation.py (0.5.17 :631, 0.5.23 :737), called from
-    # there by alloc_for_spec_decode (0.5.17 :710, 0.5.23 :837) as a global, so the module
-    # attribute is what the spec-v2 prepare really calls.
-    Candidate(
-        ROW_WRITE, "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func", "req_to_token", (0, 5, 16)
-    ),
-    # 0.5.13 - 0.5.15: the spec-v2 prepare imports it from speculative/spec_utils.py at call time
-    # (0.5.14 eagle_info_v2.py:33, :104; spec_utils.py:29 re-exports the definition of
-    # speculative/triton_ops/cache_locs.py:50). HookRegistry sets the wrapper on spec_utils and
-    # propagates it to every module holding the original (0.5.14 plugins/hook_registry.py:297-300, :322-349).
-    # 0.5.11 - 0.5.12 (the plugin API's first releases): the same, imported at call time by
-    # speculative/eagle_info_v2.py (0.5.11 :92 -> :157, 0.5.12 :92 -> :164; spec_utils.py
-    # 0.5.11:125, 0.5.12:129 define it there).
-    Candidate(
-        ROW_WRITE,
-        "sglang.srt.speculative.spec_utils.assign_req_to_token_pool_func",
-        "req_to_token",
-        (0, 5, 11),
-        (0, 5, 15),
-    ),
-    # The verify-slot reader: sglang.kernels from 0.5.17 (0.5.17 kernels/ops/speculative/
-    # cache_locs.py:432, 0.5.23 :679; called by ngram_worker.py 0.5.23:374, dflash_worker_v2.py),
-    # speculative/triton_ops/cache_locs.py:337 in 0.5.14 (called by eagle_info_v2.py, ngram_worker.py:324,
-    # eagle_utils.py:308). 0.5.15 / 0.5.16 not read: whichever resolves.
-    Candidate(
-        ROW_READ,
-        "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_func",
-        "req_to_token",
-        (0, 5, 15),
-    ),
-    Candidate(
-        ROW_READ,
-        "sglang.srt.speculative.triton_ops.cache_locs.assign_extend_cache_locs_func",
-        "req_to_token",
-        (0, 5, 13),
-        (0, 5, 16),
-    ),
-    # 0.5.11 - 0.5.12: defined in speculative/eagle_info_v2.py itself (0.5.11 :534, 0.5.12 :561)
-    # and called there as a module global (0.5.11 :253, 0.5.12 :270).
-    Candidate(
-        ROW_READ,
-        "sglang.srt.speculative.eagle_info_v2.assign_extend_cache_locs_func",
-        "req_to_token",
-        (0, 5, 11),
-        (0, 5, 12),
-    ),
-    # DSA: the shared capture + replay body behind init_forward_metadata_out_graph, which the
-    # cuda-graph runners call (0.5.14 dsa_backend.py:601-618 -> :1160; 0.5.17 :1403; 0.5.23
-    # :1797); the spec runners also call it directly. The class has no
-    # init_forward_metadata_replay_cuda_graph of its own in 0.5.14. 0.5.14 target_verify copies
-    # req_to_token[idx, :max(seq_lens) + D] into page_table_1 (:1217-1233), a view of
-    # decode_cuda_graph_metadata["page_table"], max_context_len + D wide (:995-1000).
-    Candidate(
-        DSA_REPLAY,
-        "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend._apply_cuda_graph_metadata",
-        'decode_cuda_graph_metadata["page_table"]',
-        (0, 5, 13),
-    ),
-    # NSA, 0.5.11 - 0.5.12 (the same backend before its rename): the replay entry itself
-    # (0.5.11 nsa_backend.py:961, 0.5.12 :976; the multi-step draft backend calls it per step
-    # through the class, 0.5.12 :2348), arguments bs / forward_mode / seq_lens_cpu as in the DSA
-    # body; target_verify copies max(seq_lens) + D columns into page_table_1, a view of
-    # decode_cuda_graph_metadata["page_table"], max_context_len + D wide.
-    Candidate(
-        DSA_REPLAY,
-        "sglang.srt.layers.attention.nsa_backend.NativeSparseAttnBackend.init_forward_metadata_replay_cuda_graph",
-        'decode_cuda_graph_metadata["page_table"]',
-        (0, 5, 11),
-        (0, 5, 12),
-    ),
-    # FA3: target_verify sets cache_seqlens = seq_lens + D (0.5.14 flashattention_backend.py:2292-2325)
-    # while the graph page_table is ceil(max_context_len / page) wide (:1610); the copy is sliced
-    # to that width, so nothing raises and the kernel reads past the filled columns.
-    # 0.5.14 :2115, 0.5.17 :2596, 0.5.23 :2997.
-    Candidate(
-        FA3_REPLAY,
-        "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend._apply_cuda_graph_metadata",
-        "page_table (pages)",
-        (0, 5, 13),
-    ),
-    # The other backends whose graph buffers are sized from max_context_len. Each is hooked at
-    # init_forward_metadata_out_graph(forward_batch, in_capture), the entry the decode cuda-graph
-    # runner calls before every replay with build_replay_fb_view's view (0.5.14
-    # decode_cuda_graph_runner.py:116-160, :940-950): one signature from 0.5.13 to 0.5.23,
-    # unlike the private bodies under it. A subclass that inherits the method (or calls it
-    # through super()) is judged by the same rule only where it keeps the same buffer.
-    #
-    # flashinfer: one flat kv_indices buffer of max_num_tokens * max_context_len entries
-    # (0.5.14 flashinfer_backend.py:830-845, 0.5.23 :1100-1115), bound to every graph wrapper.
-    # Replay writes cumsum(lengths) entries into it: decode, the Triton kernel straight into the
-    # wrapper's buffer (:1317-1341); target_verify, spec_info's s + D per request
-    # (eagle_info.py:98-134), copied in by the wrapper's plan; draft_extend_v2, s per request
-    # (eagle_info.py:412-447). Capacity is total, not per request; at sglang's own size
-    # (max_num_tokens = max_bs * D) sum(s + D) stays below it, so only a narrowed buffer counts.
-    Candidate(
-        FLASHINFER_REPLAY,
-        "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.init_forward_metadata_out_graph",
-        "cuda_graph_kv_indices (flat)",
-        (0, 5, 13),
-    ),
-    # flashinfer MLA: the flat buffer is max_bs * max_context_len (0.5.14
-    # flashinfer_mla_backend.py:418-432, 0.5.23 :499-515), fed by decode (s per request,
-    # :449-485 -> :680-705) and target_verify (s + D per request, eagle_info.py:118-125). A
-    # verify batch near the context limit asks for up to max_bs * (C + D - 3): more than it holds.
-    Candidate(
-        FLASHINFER_MLA_REPLAY,
-        "sglang.srt.layers.attention.flashinfer_mla_backend.FlashInferMLAAttnBackend.init_forward_metadata_out_graph",
-        "cuda_graph_kv_indices (flat)",
-        (0, 5, 13),
-    ),
-    # triton: flat cuda_graph_kv_indices of max_num_tokens * max_context_len (0.5.14
-    # triton_backend.py:826-835, 0.5.23 :1224-1230); decode and target_verify write
-    # cumsum(seq_lens) into it, the prefix only (0.5.14 :335-353, :386-400; 0.5.23 :515-534).
-    # Bounded by bs * C <= its size in practice (upstream/ISSUE-fa3-target-verify-page-table.md,
-    # "Triton backend"), but nothing checks it: a narrowed buffer is overrun.
-    Candidate(
-        TRITON_REPLAY,
-        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata_out_graph",
-        "cuda_graph_kv_indices (flat)",
-        (0, 5, 13),
-    ),
-    # FlashMLA (sgl_kernel only): block table [max_bs, (C + 64) // 64] (0.5.14
-    # flashmla_backend.py:180-192, 0.5.23 :274-286); target_verify fills ceil((s + D) / 64)
-    # pages (0.5.14 :213-262, 0.5.23 :328-380). The fill kernel launches whole 64-page blocks
-    # for the width and masks by the request's own pages, not the row's (triton_ops/
-    # kv_indices.py:99-146): an extra page inside the last block is written into the next row.
-    # C = 254, D = 8, s = 251 (a live request): 5 pages needed, 4 held.
-    Candidate(
-        FLASHMLA_REPLAY,
-        "sglang.srt.layers.attention.flashmla_backend.FlashMLABackend.init_forward_metadata_out_graph",
-        "cuda_graph_kv_indices (pages)",
-        (0, 5, 13),
-    ),
-    # TRT-LLM MHA (sm100): per-mode page tables [max_bs, ceil(C / page)] (0.5.14
-    # trtllm_mha_backend.py:142-146, :302-392; 0.5.23 :351-353, :706-811): decode s (draft
-    # decode s + step + 1), target_verify s + D (0.5.14 :492-566; 0.5.23 :941-1048, one fused
-    # kernel looping max_num_pages), so where C is a multiple of the page, s = C - 3 with D >= 4
-    # already needs a page more. The
-    # 0.5.14 fill kernel, like FlashMLA's, masks by the request's pages within whole
-    # 4096-token blocks (triton_ops/trtllm_mha_page_table.py:38-93).
-    Candidate(
-        TRTLLM_MHA_REPLAY,
-        "sglang.srt.layers.attention.trtllm_mha_backend.TRTLLMHAAttnBackend.init_forward_metadata_out_graph",
-        "page_table (pages)",
-        (0, 5, 13),
-    ),
-    # TRT-LLM MLA (sm100): block table [max_bs, _calc_padded_blocks(C)], ceil(C / page) padded
-    # to a multiple of 4096 tokens' pages (0.5.14 trtllm_mla_backend.py:209-230, :275-285,
-    # :334-370; 0.5.23 :477-485); target_verify asks for s + D (0.5.14 :372-424, 0.5.23
-    # :604-667), draft_extend_v2 s. Short only where C is at or just below such a multiple
-    # (4096, 163840): s + D then needs one page more.
-    Candidate(
-        TRTLLM_MLA_REPLAY,
-        "sglang.srt.layers.attention.trtllm_mla_backend.TRTLLMMLABackend.init_forward_metadata_out_graph",
-        "block_kv_indices (pages)",
-        (0, 5, 13),
-    ),
-)
 
 
 @dataclass
@@ -302,10 +132,10 @@ def _resolves(target: str) -> bool:
     return True
 
 
-def select(version: Optional[str], resolve: bool = True) -> list[Candidate]:
+def select(version: Optional[str], resolve: bool = True) -> list[WatchTarget]:
     """Per kind, the first candidate for this release (that resolves, if ``resolve``)."""
     chosen = {}
-    for candidate in CANDIDATES:
+    for candidate in WATCH_TARGETS:
         if candidate.kind in chosen or not candidate.covers(version):
             continue
         if resolve and not _resolves(candidate.target):

@@ -25,10 +25,11 @@ This module imports no torch and no sglang at import time.
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
+
+from sglang_dsa_fix.release import form_for
 
 # --------------------------------------------------------------------------------------------
 # Bug #1: the graph page_table width.
@@ -151,39 +152,6 @@ def size_mismatch_message(buffer_width: int, columns: int) -> str:
 # Bug #2: the req_to_token row width.
 
 
-_PEP440 = re.compile(
-    r"v?(?P<release>\d+(?:\.\d+)*)(?:[-_.]?(?P<pre>a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
-    r"(?:[-_.]?(?:post|rev|r)[-_.]?(?P<post>\d*))?(?:[-_.]?dev[-_.]?(?P<dev>\d*))?(?:\+[a-z0-9.]*)?$",
-    re.IGNORECASE,
-)
-
-
-def parse_version(version: Optional[str]) -> Optional[tuple]:
-    """A PEP 440 ordering key, or None: ``0.5.15.dev3`` < ``0.5.15rc1`` < ``0.5.15`` < ``0.5.15.post1``.
-
-    Enough of PEP 440 for release numbers, pre/post/dev segments and local labels; no
-    dependency on ``packaging`` (the tool installs nothing).
-    """
-    match = _PEP440.match((version or "").strip())
-    if not match:
-        return None
-    release = tuple(int(x) for x in match["release"].split("."))
-    release = (release + (0, 0, 0))[:3] if len(release) < 3 else release
-    if match["pre"] is not None:
-        phase = -1
-    elif match["dev"] is not None and match["post"] is None:
-        phase = -2  # 0.5.15.dev3 comes before any 0.5.15 pre-release
-    else:
-        phase = 1 if match["post"] is not None else 0
-    return (*release, phase)
-
-
-def at_least(version: Optional[str], release: tuple) -> bool:
-    """``version >= release`` (a final release); unknown versions are not."""
-    parsed = parse_version(version)
-    return parsed is not None and parsed >= (*release, 0)
-
-
 def committed_margin(version: Optional[str], overlap: bool = True, preclaims: bool = True) -> int:
     """How far below context_len kv_committed_len can be at a request's last decode prepare.
 
@@ -200,14 +168,14 @@ def committed_margin(version: Optional[str], overlap: bool = True, preclaims: bo
     on every release. The CPU tier runs the real code to check every value. Only the pristine
     arithmetic uses it: the fixes hold the whole reservation.
     """
-    if at_least(version, (0, 5, 15)) or not preclaims:
+    if not form_for(version).preclaims_bonus or not preclaims:
         return 4
     return 3 if overlap else 4
 
 
 def page_aligns_reservation(version: Optional[str]) -> bool:
     """From 0.5.16 ``nxt`` is rounded up to a whole page (0.5.16 allocation_sizing.py:54-57)."""
-    return parse_version(version) is None or at_least(version, (0, 5, 16))
+    return form_for(version).page_aligns_reservation
 
 
 @dataclass(frozen=True)
@@ -233,7 +201,7 @@ def alloc_len_per_decode(shape: SpecShape, version: Optional[str] = None) -> int
         shape.speculative_num_draft_tokens,
         shape.page_size,
     )
-    exempt = not shape.has_draft_kv and (parse_version(version) is None or at_least(version, (0, 5, 14)))
+    exempt = not shape.has_draft_kv and form_for(version).exempts_draftless
     if page == 1 or topk == 1 or exempt:
         return max(steps * topk, tokens)
     pages_per_branch = ((page - 1) + steps + page - 1) // page
@@ -298,9 +266,23 @@ def row_extra_floor(reserve: int, alloc_page: int = 1) -> int:
     return reserve + max(0, alloc_page - 1)
 
 
-def alloc_page_size(page_size: int, dcp_size: Optional[int] = None) -> int:
-    """The token allocator's page: ``page_size x dcp_size`` under decode context parallel."""
-    return page_size * max(1, dcp_size or 1)
+# The token allocator's page, which the prepare rounds ``nxt`` up to: ``page_size x dcp_size``
+# under decode context parallel (0.5.17 mem_cache/kv_cache_builder.py:212). Written once, as
+# source: the in-tree change writes this text into sglang's own sizing function (where the release
+# has no ``get_alloc_page_size`` of its own), and ``alloc_page_size`` evaluates the same text for
+# the plugin and for status.
+ALLOC_PAGE_SOURCE = 'server_args.page_size * getattr(server_args, "dcp_size", 1)'
+_ALLOC_PAGE_CODE = compile(ALLOC_PAGE_SOURCE, "<alloc page>", "eval")
+
+
+def alloc_page_size(server_args) -> int:
+    """``ALLOC_PAGE_SOURCE`` for anything with sglang's ``page_size`` (and ``dcp_size``) fields;
+    an unset field counts as 1."""
+    fields = SimpleNamespace(
+        page_size=getattr(server_args, "page_size", None) or 1,
+        dcp_size=getattr(server_args, "dcp_size", None) or 1,
+    )
+    return int(eval(_ALLOC_PAGE_CODE, {"__builtins__": {"getattr": getattr}}, {"server_args": fields}))
 
 
 def row_overflow_columns(version: Optional[str], shape: SpecShape) -> int:

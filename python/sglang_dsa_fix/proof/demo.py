@@ -14,7 +14,7 @@ import hashlib
 
 import torch
 
-from sglang_dsa_fix import runtime_fix, sites, width
+from sglang_dsa_fix import runtime_fix, sites, snapshot, width
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.proof import replay, row_overflow
 from sglang_dsa_fix.proof.patched_copy import patched_copy
@@ -108,7 +108,8 @@ def run(context_len: int, num_draft_tokens: int, page_size: int, bs: int, device
     if backend_cls is None:
         print(f"sglang {tree.version} has no DSA/NSA backend: nothing to demonstrate")
         return 1
-    files = [s.path for s in (sites.page_table_site(tree), sites.row_site(tree)) if s is not None]
+    read = snapshot.read(tree)
+    files = [s.path for s in (sites.page_table_site(read), sites.row_site(read)) if s is not None]
     before = _digests(files)
     print(f"sglang {tree.version} at {tree.package}\n")
     with patched_copy() as patched:

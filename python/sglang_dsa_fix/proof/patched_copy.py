@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from sglang_dsa_fix import sites, source_patch
+from sglang_dsa_fix import sites, snapshot, source_patch
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.verdicts import Bug
 
@@ -46,7 +46,7 @@ def _inline_sizing(site: sites.Site):
     code = compile(line.strip(), str(site.path), "exec")
 
     def sizing(server_args):
-        variable = sites.backends.INLINE_ROW_VARIABLE
+        variable = sites.release.INLINE_ROW_VARIABLE
         namespace = {"self": SimpleNamespace(server_args=server_args)}
         namespace[variable] = 4 + (server_args.speculative_num_draft_tokens or 0)
         exec(code, namespace)
@@ -75,12 +75,13 @@ def patched_copy():
                     modules[state.bug] = _load(state.site.path, installed_name)
                     names.append(modules[state.bug].__name__)
             patched = PatchedCopy(outcome, modules)
+            files = snapshot.read(copy)  # as patched
             if Bug.PAGE_TABLE in modules:
-                layout, _ = sites.backend_file(copy)
+                layout, _ = sites.backend_file(files)
                 patched.backend_class = getattr(modules[Bug.PAGE_TABLE], layout.class_name)
             if Bug.ROW_OVERFLOW in modules:
                 patched.sizing_function = modules[Bug.ROW_OVERFLOW].get_req_to_token_extra_context_len
-            row = sites.row_site(copy)  # as patched
+            row = sites.row_site(files)
             if row is not None and not row.hookable and row.patched_here:
                 patched.sizing_function = _inline_sizing(row)
             yield patched

@@ -50,7 +50,7 @@ from unittest import mock
 
 import torch
 
-from sglang_dsa_fix.resolve import sizing_module
+from sglang_dsa_fix.runtime_fix import sizing_module
 
 CANARY = 0x5A5A5A5  # a slot index no allocator of these sizes hands out
 

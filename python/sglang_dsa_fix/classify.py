@@ -1,0 +1,165 @@
+"""What a tree's files say, per bug: judged from one read of the tree (``snapshot``), never written.
+
+``states`` returns one ``BugState`` per bug (``verdicts.Verdict`` and the site), judging each
+file by its form (``sites``) and by this tool's backup beside it (``<file>.sglang-dsa-fix.orig``):
+a file that carries the change but no longer matches its backup was hand-edited and is refused.
+``read_tree`` is the tree step of the verdict flow (``status.collect``); ``check`` the same
+states for ``check`` and the plugin. The writes (apply / revert) are in ``source_patch``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Optional
+
+from sglang_dsa_fix import sites, snapshot
+from sglang_dsa_fix.errors import ToolError
+from sglang_dsa_fix.sites import Site
+from sglang_dsa_fix.snapshot import FileView, TreeFiles
+from sglang_dsa_fix.tree import SglangTree
+from sglang_dsa_fix.verdicts import Bug, Verdict
+
+
+@dataclass
+class BugState:
+    bug: Bug
+    verdict: Verdict
+    site: Optional[Site] = None
+    original: Optional[bytes] = None  # pristine bytes of the site's file, when known
+    stale_bytecode: list = field(default_factory=list)  # .pyc files Python loads instead
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        out = {"bug": self.bug.value, "verdict": self.verdict.value, "detail": self.detail}
+        if self.site is not None:
+            out.update(file=str(self.site.path), line=self.site.lineno, found=self.site.found)
+        if self.stale_bytecode:
+            out["stale_bytecode"] = [str(p) for p in self.stale_bytecode]
+        return out
+
+
+def stale_bytecode(headers: tuple, source: bytes) -> list:
+    """``.pyc`` files (of ``snapshot.FileView.bytecode``) Python would load without checking them
+    against ``source``.
+
+    Only unchecked hash-based pycs (``compileall --invalidation-mode unchecked-hash``, PEP 552
+    flags == 0b01) are loaded as they are; timestamp and checked-hash pycs are revalidated.
+    """
+    expected = importlib.util.source_hash(source)
+    return [
+        pyc
+        for pyc, header in headers
+        if int.from_bytes(header[4:8], "little") == 0b01 and header[8:16] != expected
+    ]
+
+
+def _backup(view: FileView) -> Optional[bytes]:
+    """The backup as read; a backup that could not be read is the error it always was."""
+    if view.backup_error is not None:
+        exc = view.backup_error
+        raise ToolError(f"{exc.filename or view.path}: cannot read ({exc.strerror})")
+    return view.backup
+
+
+def _stale_backup_advice(site: Site) -> str:
+    return (
+        f"if sglang was upgraded or reinstalled since, that backup is stale: `rm "
+        f"{snapshot.backup_path(site.path)}` and run `sglang-dsa-fix check` again"
+    )
+
+
+def _state(files: TreeFiles, bug: Bug) -> BugState:
+    site = sites.LOCATORS[bug](files)
+    if site is None:
+        if bug is Bug.ROW_OVERFLOW and sites.has_spec_v2_reservation(files):
+            return BugState(
+                bug,
+                Verdict.NOT_COVERED,
+                detail=(
+                    "this release sizes the req_to_token row inline in model_runner.py beside an "
+                    "opt-in spec-v2 decode reservation of another form (0.5.4: --enable-beta-spec, "
+                    "seq_lens + A instead of kv_committed_len + 2A); this tool neither judges nor "
+                    "fixes it"
+                ),
+            )
+        what = "no DSA/NSA backend" if bug is Bug.PAGE_TABLE else "no spec-v2 decode reservation"
+        return BugState(bug, Verdict.NOT_APPLICABLE, detail=what)
+    view = files.view_of(site.path)
+    if site.patched_here:
+        backup = snapshot.backup_path(site.path)
+        original = _backup(view)
+        if original is not None:
+            original_site = sites.site_in(site, files, original)
+            matches = original_site is not None and (
+                site.legacy or original_site.patched_bytes() == site.data
+            )
+            if not matches or original_site.patched_here:
+                raise ToolError(
+                    f"{site.path}: changed since sglang-dsa-fix applied it ({backup.name} no "
+                    f"longer matches): not touching it; {_stale_backup_advice(site)}"
+                )
+        stale = stale_bytecode(view.bytecode, site.data)
+        verdict = Verdict.STALE_BYTECODE if stale else Verdict.FIXED_IN_TREE
+        detail = (
+            "" if original is not None or not files.use_backups else "no backup (patched by `git apply`?)"
+        )
+        if site.legacy:
+            detail = (
+                "an older sglang-dsa-fix form of this change (0.2: headroom reserve - margin; 0.3 on "
+                "0.5.16 - 0.5.22: without the allocator page's rounding): run `sglang-dsa-fix revert` "
+                "then `apply` to hold the whole reservation"
+            )
+        return BugState(bug, verdict, site, original, stale, detail)
+    if site.fixed_upstream:
+        held = {
+            Bug.PAGE_TABLE: "sizes the graph page_table as wide as req_to_token",
+            Bug.ROW_OVERFLOW: "reserves the decode reservation at every page size",
+        }[bug]
+        return BugState(bug, Verdict.FIXED_UPSTREAM, site, detail=held)
+    if site.unknown:
+        return BugState(bug, Verdict.NOT_COVERED, site, detail=site.unknown)
+    backup = snapshot.backup_path(site.path)
+    if _backup(view) not in (None, site.data):
+        # (A backup equal to the file is what an interrupted apply or revert leaves: apply
+        # rewrites it, revert removes it.)
+        raise ToolError(
+            f"{site.path}: {backup.name} exists but the file neither carries the fix nor "
+            f"matches it: changed since sglang-dsa-fix applied it; not touching it; {_stale_backup_advice(site)}"
+        )
+    detail = f"this row sizing is affected {site.affected_when}" if site.affected_when else ""
+    return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
+
+
+def states(files: TreeFiles) -> list:
+    """One BugState per bug. ToolError when a file is not recognised or was hand-edited."""
+    return [_state(files, bug) for bug in Bug]
+
+
+@dataclass
+class TreeReport:
+    """What one tree's files say, read once: the files, per bug a ``BugState``, and the release
+    whose pristine arithmetic applies (its label, unless the files' shape contradicts it; then
+    the files win and ``version_note`` says so)."""
+
+    files: TreeFiles
+    states: list
+    arithmetic_version: str
+    version_note: str = ""
+
+    @property
+    def tree(self) -> SglangTree:
+        return self.files.tree
+
+
+def read_tree(tree: SglangTree) -> TreeReport:
+    """The tree step of the verdict flow (``status.collect``): one read under the shared lock,
+    then the states and the release the files say, from that read alone."""
+    files = snapshot.read(tree)
+    return TreeReport(files, states(files), *sites.arithmetic_version(files))
+
+
+def check(tree: SglangTree, wait: bool = True, use_backups: bool = True) -> list:
+    """The states of a fresh read (``snapshot.read``: under the shared lock unless ``wait`` is
+    False; ``use_backups=False`` for the plugin, which judges each file by itself)."""
+    return states(snapshot.read(tree, use_backups, wait))

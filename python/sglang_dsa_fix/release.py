@@ -1,0 +1,448 @@
+"""Every per-release fact the tool uses, in one table per kind of fact, and the release's form.
+
+sglang changes every two weeks; the tool judges a tree by what its files hold, never by a
+release number typed by hand. What differs between releases lives here and nowhere else:
+
+- where each release keeps the code the fixes change (``LAYOUTS``, ``ROW_SIZING_FILES``, ...):
+  found by file layout, so patched forks and release candidates work too;
+- the release's *form* (``FORMS``): how its decode path sizes and fills a ``req_to_token`` row,
+  detected from the files (``detected_form``; ``sites.arithmetic_version`` reads them) and only
+  where the files cannot tell, from the version label (``form_for``);
+- where each release keeps the functions the family watch hooks (``WATCH_TARGETS``).
+
+The release ranges in comments are what the release matrix (scripts/release_matrix.py) runs.
+Pure data and pure functions: no torch, no sglang, no file access.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+# ------------------------------------------------------------------------------ versions
+
+_PEP440 = re.compile(
+    r"v?(?P<release>\d+(?:\.\d+)*)(?:[-_.]?(?P<pre>a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
+    r"(?:[-_.]?(?:post|rev|r)[-_.]?(?P<post>\d*))?(?:[-_.]?dev[-_.]?(?P<dev>\d*))?(?:\+[a-z0-9.]*)?$",
+    re.IGNORECASE,
+)
+
+
+def parse_version(version: Optional[str]) -> Optional[tuple]:
+    """A PEP 440 ordering key, or None: ``0.5.15.dev3`` < ``0.5.15rc1`` < ``0.5.15`` < ``0.5.15.post1``.
+
+    Enough of PEP 440 for release numbers, pre/post/dev segments and local labels; no
+    dependency on ``packaging`` (the tool installs nothing).
+    """
+    match = _PEP440.match((version or "").strip())
+    if not match:
+        return None
+    release = tuple(int(x) for x in match["release"].split("."))
+    release = (release + (0, 0, 0))[:3] if len(release) < 3 else release
+    if match["pre"] is not None:
+        phase = -1
+    elif match["dev"] is not None and match["post"] is None:
+        phase = -2  # 0.5.15.dev3 comes before any 0.5.15 pre-release
+    else:
+        phase = 1 if match["post"] is not None else 0
+    return (*release, phase)
+
+
+def at_least(version: Optional[str], release: tuple) -> bool:
+    """``version >= release`` (a final release); unknown versions are not."""
+    parsed = parse_version(version)
+    return parsed is not None and parsed >= (*release, 0)
+
+
+# ------------------------------------------------------------------------------ where the code lives
+
+# Bug #1, the DSA/NSA attention backend, found by layout:
+# - 0.5.13+: layers/attention/dsa_backend.py, class DeepseekSparseAttnBackend
+#   (0.5.13 - 0.5.20 also ship nsa_backend.py as a re-export shim: skipped, it has no class body);
+# - 0.5.3 - 0.5.12: layers/attention/nsa_backend.py, class NativeSparseAttnBackend.
+ATTENTION_DIR = "srt/layers/attention"
+
+# Bug #2: ``get_req_to_token_extra_context_len`` sizes the request pool's row beyond
+# context_len: mem_cache/allocation_sizing.py from 0.5.16 (:46), mem_cache/common.py in
+# 0.5.13 - 0.5.15 (0.5.14 :251). Newest first. 0.5.11 - 0.5.12 size the row inline in
+# model_executor/model_runner_kv_cache_mixin.py (0.5.12 :245-247) with the same spec-v2
+# reservation in speculative/eagle_info_v2.py (0.5.9 - 0.5.10 also in the mixin, 0.5.9 :424):
+# there the in-tree patch changes that block; nothing to hook, so the plugin cannot. 0.5.4 sizes
+# it inline in model_runner.py and has no get_alloc_len_per_decode: bug #2 not covered there.
+ROW_SIZING_FILES = ("srt/mem_cache/allocation_sizing.py", "srt/mem_cache/common.py")
+ROW_SIZING_FUNCTION = "get_req_to_token_extra_context_len"
+RESERVE_FUNCTION = "get_alloc_reserve_per_decode"
+SPEC_V2_DECODE_FILE = "srt/speculative/eagle_info_v2.py"
+INLINE_ROW_FILE = "srt/model_executor/model_runner_kv_cache_mixin.py"
+INLINE_ROW_VARIABLE = "extra_max_context_len"
+# Where 0.5.9 - 0.5.12 define A (0.5.12 managers/utils.py:213; the reservation is 2·A).
+INLINE_ALLOC_FILE = "srt/managers/utils.py"
+INLINE_ALLOC_FUNCTION = "get_alloc_len_per_decode"
+
+
+@dataclass(frozen=True)
+class BackendLayout:
+    module: str  # dotted module name
+    class_name: str
+    multi_step_class_name: str
+
+    @property
+    def relative_path(self) -> str:
+        """Path under ``sglang/``."""
+        return f"{ATTENTION_DIR}/{self.module.rsplit('.', 1)[1]}.py"
+
+    @property
+    def hook_target(self) -> str:
+        return f"{self.module}.{self.class_name}.init_cuda_graph_state"
+
+
+# Newest first: the first layout whose file defines the class wins.
+LAYOUTS = (
+    BackendLayout(
+        "sglang.srt.layers.attention.dsa_backend",
+        "DeepseekSparseAttnBackend",
+        "DeepseekSparseAttnMultiStepBackend",
+    ),
+    BackendLayout(
+        "sglang.srt.layers.attention.nsa_backend",
+        "NativeSparseAttnBackend",
+        "NativeSparseAttnMultiStepBackend",
+    ),
+)
+
+# Launch paths that build a Scheduler without calling load_plugins(): the plugin never runs
+# there (0.5.11 - 0.5.23 ray/scheduler_actor.py:104, 0.5.23 :113). Found by reading the file.
+PLUGINLESS_LAUNCHERS = {"srt/ray/scheduler_actor.py": "RayEngine (sglang.srt.ray)"}
+
+VERSION_FILES = ("_version.py", "version.py")
+PLUGIN_API_FILE = "srt/plugins/hook_registry.py"
+# Every file under ``sglang/`` the tool reads: enough to copy for a disposable test tree.
+# The files a fix may change: beside each, ``snapshot.read`` also reads this tool's backup and
+# Python's bytecode headers.
+FILES_CHANGED = (
+    *(layout.relative_path for layout in LAYOUTS),
+    *ROW_SIZING_FILES,
+    INLINE_ROW_FILE,
+)
+FILES_READ = (
+    "__init__.py",  # an installed package (after `pip uninstall sglang` only backups remain)
+    *VERSION_FILES,
+    *(layout.relative_path for layout in LAYOUTS),
+    *ROW_SIZING_FILES,
+    SPEC_V2_DECODE_FILE,
+    INLINE_ROW_FILE,
+    INLINE_ALLOC_FILE,
+    PLUGIN_API_FILE,
+    *PLUGINLESS_LAUNCHERS,
+)
+
+
+# ------------------------------------------------------------------------------ the release's form
+
+
+@dataclass(frozen=True)
+class Form:
+    """How a release's spec-v2 decode sizes and fills a ``req_to_token`` row (bug #2's arithmetic)."""
+
+    name: str  # the first release of this form; the version the arithmetic is judged as
+    first: tuple
+    row_sizing: str  # "inline" (model_runner), "common" (mem_cache/common.py), "allocation_sizing"
+    # The prepare pre-claims the bonus slot (``kv_committed_len += 1``, 0.5.14
+    # speculative/eagle_info_v2.py:62): the last prepare sees context_len - 3 under overlap.
+    # From 0.5.15 the bonus is committed in resolve (eagle_utils.py:791-793): context_len - 4.
+    preclaims_bonus: bool
+    # ``nxt`` is rounded up to the allocator's page (0.5.16 allocation_sizing.py:54-57).
+    page_aligns_reservation: bool
+    # get_alloc_len_per_decode exempts algorithms without draft KV (NGRAM) from the per-page
+    # branch sizing (0.5.14 mem_cache/common.py:211-239; 0.5.13 :155-182 does not).
+    exempts_draftless: bool
+    # The row's headroom holds the allocator page (page_size x dcp_size), not only page_size,
+    # where nxt is rounded (sglang's own ``get_alloc_page_size`` in the sizing module).
+    row_holds_alloc_page: bool
+    files_say: str  # what in the files shows this form
+
+
+# Newest first. A version label picks its row only where the files cannot tell two forms apart
+# (0.5.13 / 0.5.14, NGRAM's exemption); everywhere else ``detected_form`` decides.
+FORMS = (
+    Form(
+        "0.5.16",
+        (0, 5, 16),
+        "allocation_sizing",
+        preclaims_bonus=False,
+        page_aligns_reservation=True,
+        exempts_draftless=True,
+        row_holds_alloc_page=False,
+        files_say="the row is sized in mem_cache/allocation_sizing.py (0.5.16+)",
+    ),
+    Form(
+        "0.5.15",
+        (0, 5, 15),
+        "common",
+        preclaims_bonus=False,
+        page_aligns_reservation=False,
+        exempts_draftless=True,
+        row_holds_alloc_page=False,
+        files_say="the row is sized in mem_cache/common.py without a pre-claim (0.5.15)",
+    ),
+    Form(
+        "0.5.14",
+        (0, 5, 14),
+        "common",
+        preclaims_bonus=True,
+        page_aligns_reservation=False,
+        exempts_draftless=True,
+        row_holds_alloc_page=False,
+        files_say="the spec-v2 prepare pre-claims the bonus slot (0.5.11 - 0.5.14)",
+    ),
+    Form(
+        "0.5.13",
+        (0, 5, 13),
+        "common",
+        preclaims_bonus=True,
+        page_aligns_reservation=False,
+        exempts_draftless=False,
+        row_holds_alloc_page=False,
+        files_say="the spec-v2 prepare pre-claims the bonus slot (0.5.11 - 0.5.14)",
+    ),
+    Form(
+        "0.5.9",
+        (0, 5, 9),
+        "inline",
+        preclaims_bonus=True,
+        page_aligns_reservation=False,
+        exempts_draftless=False,
+        row_holds_alloc_page=False,
+        files_say="the row is sized inline in model_runner_kv_cache_mixin.py (0.5.9 - 0.5.12)",
+    ),
+)
+
+# A release this tool cannot place: the safer choice of each fact (the smaller committed margin,
+# a rounded nxt, the smaller reservation for NGRAM).
+UNKNOWN_FORM = Form(
+    "unknown",
+    (0, 0, 0),
+    "allocation_sizing",
+    preclaims_bonus=True,
+    page_aligns_reservation=True,
+    exempts_draftless=True,
+    row_holds_alloc_page=False,
+    files_say="",
+)
+
+
+def form_for(version: Optional[str]) -> Form:
+    """The form a version label names: ``UNKNOWN_FORM`` for an unparsable one, the oldest form
+    for a release older than every form."""
+    if parse_version(version) is None:
+        return UNKNOWN_FORM
+    return next((form for form in FORMS if at_least(version, form.first)), FORMS[-1])
+
+
+def detected_form(label: Optional[str], preclaims: bool, sizing: Optional[str]) -> tuple:
+    """(version for the arithmetic, note) from what the files show: ``preclaims`` (the spec-v2
+    prepare pre-claims the bonus slot) and ``sizing`` (``"common"`` / ``"allocation_sizing"``:
+    the module that defines the row sizing function, None if none). The label stands where the
+    files agree with it (or show nothing); else the files win and the note says so."""
+    named = form_for(label)
+    if preclaims:  # an unknown label keeps its own (pre-claiming) arithmetic
+        shown = next(f for f in FORMS if f.preclaims_bonus and f.row_sizing == "common")
+        fits = named.preclaims_bonus
+    elif sizing is not None:
+        shown = next(f for f in FORMS if f.row_sizing == sizing and not f.preclaims_bonus)
+        fits = named is not UNKNOWN_FORM and named.row_sizing == sizing and not named.preclaims_bonus
+    else:
+        return label, ""
+    if fits:
+        return label, ""
+    return shown.name, f"the files contradict the version {label}: {shown.files_say}; judged as {shown.name}"
+
+
+# ------------------------------------------------------------------------------ the watch's targets
+
+# The family watch's kinds of check (watch.py counts each under its own names).
+ROW_WRITE, ROW_READ, DSA_REPLAY, FA3_REPLAY = "row_write", "row_read", "dsa_replay", "fa3_replay"
+FLASHINFER_REPLAY, FLASHINFER_MLA_REPLAY = "flashinfer_replay", "flashinfer_mla_replay"
+TRITON_REPLAY, FLASHMLA_REPLAY = "triton_replay", "flashmla_replay"
+TRTLLM_MHA_REPLAY, TRTLLM_MLA_REPLAY = "trtllm_mha_replay", "trtllm_mla_replay"
+
+
+@dataclass(frozen=True)
+class WatchTarget:
+    """One place a watched function lives, for the releases in [since, until] (None: open)."""
+
+    kind: str
+    target: str  # dotted path, as HookRegistry resolves it
+    buffer: str  # what the checked width is the width of
+    since: tuple
+    until: Optional[tuple] = None
+
+    def covers(self, version: Optional[str]) -> bool:
+        if parse_version(version) is None:
+            return True  # unknown release: let resolution decide
+        if not at_least(version, self.since):
+            return False
+        return self.until is None or not at_least(version, (*self.until[:2], self.until[2] + 1))
+
+
+# In preference order per kind; the first one in range that resolves is hooked.
+WATCH_TARGETS = (
+    # 0.5.16+: a module global of mem_cache/allocation.py (0.5.17 :631, 0.5.23 :737), called from
+    # there by alloc_for_spec_decode (0.5.17 :710, 0.5.23 :837) as a global, so the module
+    # attribute is what the spec-v2 prepare really calls.
+    WatchTarget(
+        ROW_WRITE, "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func", "req_to_token", (0, 5, 16)
+    ),
+    # 0.5.13 - 0.5.15: the spec-v2 prepare imports it from speculative/spec_utils.py at call time
+    # (0.5.14 eagle_info_v2.py:33, :104; spec_utils.py:29 re-exports the definition of
+    # speculative/triton_ops/cache_locs.py:50). HookRegistry sets the wrapper on spec_utils and
+    # propagates it to every module holding the original (0.5.14 plugins/hook_registry.py:297-300, :322-349).
+    # 0.5.11 - 0.5.12 (the plugin API's first releases): the same, imported at call time by
+    # speculative/eagle_info_v2.py (0.5.11 :92 -> :157, 0.5.12 :92 -> :164; spec_utils.py
+    # 0.5.11:125, 0.5.12:129 define it there).
+    WatchTarget(
+        ROW_WRITE,
+        "sglang.srt.speculative.spec_utils.assign_req_to_token_pool_func",
+        "req_to_token",
+        (0, 5, 11),
+        (0, 5, 15),
+    ),
+    # The verify-slot reader: sglang.kernels from 0.5.17 (0.5.17 kernels/ops/speculative/
+    # cache_locs.py:432, 0.5.23 :679; called by ngram_worker.py 0.5.23:374, dflash_worker_v2.py),
+    # speculative/triton_ops/cache_locs.py:337 in 0.5.14 (called by eagle_info_v2.py, ngram_worker.py:324,
+    # eagle_utils.py:308). 0.5.15 / 0.5.16 not read: whichever resolves.
+    WatchTarget(
+        ROW_READ,
+        "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_func",
+        "req_to_token",
+        (0, 5, 15),
+    ),
+    WatchTarget(
+        ROW_READ,
+        "sglang.srt.speculative.triton_ops.cache_locs.assign_extend_cache_locs_func",
+        "req_to_token",
+        (0, 5, 13),
+        (0, 5, 16),
+    ),
+    # 0.5.11 - 0.5.12: defined in speculative/eagle_info_v2.py itself (0.5.11 :534, 0.5.12 :561)
+    # and called there as a module global (0.5.11 :253, 0.5.12 :270).
+    WatchTarget(
+        ROW_READ,
+        "sglang.srt.speculative.eagle_info_v2.assign_extend_cache_locs_func",
+        "req_to_token",
+        (0, 5, 11),
+        (0, 5, 12),
+    ),
+    # DSA: the shared capture + replay body behind init_forward_metadata_out_graph, which the
+    # cuda-graph runners call (0.5.14 dsa_backend.py:601-618 -> :1160; 0.5.17 :1403; 0.5.23
+    # :1797); the spec runners also call it directly. The class has no
+    # init_forward_metadata_replay_cuda_graph of its own in 0.5.14. 0.5.14 target_verify copies
+    # req_to_token[idx, :max(seq_lens) + D] into page_table_1 (:1217-1233), a view of
+    # decode_cuda_graph_metadata["page_table"], max_context_len + D wide (:995-1000).
+    WatchTarget(
+        DSA_REPLAY,
+        "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend._apply_cuda_graph_metadata",
+        'decode_cuda_graph_metadata["page_table"]',
+        (0, 5, 13),
+    ),
+    # NSA, 0.5.11 - 0.5.12 (the same backend before its rename): the replay entry itself
+    # (0.5.11 nsa_backend.py:961, 0.5.12 :976; the multi-step draft backend calls it per step
+    # through the class, 0.5.12 :2348), arguments bs / forward_mode / seq_lens_cpu as in the DSA
+    # body; target_verify copies max(seq_lens) + D columns into page_table_1, a view of
+    # decode_cuda_graph_metadata["page_table"], max_context_len + D wide.
+    WatchTarget(
+        DSA_REPLAY,
+        "sglang.srt.layers.attention.nsa_backend.NativeSparseAttnBackend.init_forward_metadata_replay_cuda_graph",
+        'decode_cuda_graph_metadata["page_table"]',
+        (0, 5, 11),
+        (0, 5, 12),
+    ),
+    # FA3: target_verify sets cache_seqlens = seq_lens + D (0.5.14 flashattention_backend.py:2292-2325)
+    # while the graph page_table is ceil(max_context_len / page) wide (:1610); the copy is sliced
+    # to that width, so nothing raises and the kernel reads past the filled columns.
+    # 0.5.14 :2115, 0.5.17 :2596, 0.5.23 :2997.
+    WatchTarget(
+        FA3_REPLAY,
+        "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend._apply_cuda_graph_metadata",
+        "page_table (pages)",
+        (0, 5, 13),
+    ),
+    # The other backends whose graph buffers are sized from max_context_len. Each is hooked at
+    # init_forward_metadata_out_graph(forward_batch, in_capture), the entry the decode cuda-graph
+    # runner calls before every replay with build_replay_fb_view's view (0.5.14
+    # decode_cuda_graph_runner.py:116-160, :940-950): one signature from 0.5.13 to 0.5.23,
+    # unlike the private bodies under it. A subclass that inherits the method (or calls it
+    # through super()) is judged by the same rule only where it keeps the same buffer.
+    #
+    # flashinfer: one flat kv_indices buffer of max_num_tokens * max_context_len entries
+    # (0.5.14 flashinfer_backend.py:830-845, 0.5.23 :1100-1115), bound to every graph wrapper.
+    # Replay writes cumsum(lengths) entries into it: decode, the Triton kernel straight into the
+    # wrapper's buffer (:1317-1341); target_verify, spec_info's s + D per request
+    # (eagle_info.py:98-134), copied in by the wrapper's plan; draft_extend_v2, s per request
+    # (eagle_info.py:412-447). Capacity is total, not per request; at sglang's own size
+    # (max_num_tokens = max_bs * D) sum(s + D) stays below it, so only a narrowed buffer counts.
+    WatchTarget(
+        FLASHINFER_REPLAY,
+        "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.init_forward_metadata_out_graph",
+        "cuda_graph_kv_indices (flat)",
+        (0, 5, 13),
+    ),
+    # flashinfer MLA: the flat buffer is max_bs * max_context_len (0.5.14
+    # flashinfer_mla_backend.py:418-432, 0.5.23 :499-515), fed by decode (s per request,
+    # :449-485 -> :680-705) and target_verify (s + D per request, eagle_info.py:118-125). A
+    # verify batch near the context limit asks for up to max_bs * (C + D - 3): more than it holds.
+    WatchTarget(
+        FLASHINFER_MLA_REPLAY,
+        "sglang.srt.layers.attention.flashinfer_mla_backend.FlashInferMLAAttnBackend.init_forward_metadata_out_graph",
+        "cuda_graph_kv_indices (flat)",
+        (0, 5, 13),
+    ),
+    # triton: flat cuda_graph_kv_indices of max_num_tokens * max_context_len (0.5.14
+    # triton_backend.py:826-835, 0.5.23 :1224-1230); decode and target_verify write
+    # cumsum(seq_lens) into it, the prefix only (0.5.14 :335-353, :386-400; 0.5.23 :515-534).
+    # Bounded by bs * C <= its size in practice (upstream/ISSUE-fa3-target-verify-page-table.md,
+    # "Triton backend"), but nothing checks it: a narrowed buffer is overrun.
+    WatchTarget(
+        TRITON_REPLAY,
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata_out_graph",
+        "cuda_graph_kv_indices (flat)",
+        (0, 5, 13),
+    ),
+    # FlashMLA (sgl_kernel only): block table [max_bs, (C + 64) // 64] (0.5.14
+    # flashmla_backend.py:180-192, 0.5.23 :274-286); target_verify fills ceil((s + D) / 64)
+    # pages (0.5.14 :213-262, 0.5.23 :328-380). The fill kernel launches whole 64-page blocks
+    # for the width and masks by the request's own pages, not the row's (triton_ops/
+    # kv_indices.py:99-146): an extra page inside the last block is written into the next row.
+    # C = 254, D = 8, s = 251 (a live request): 5 pages needed, 4 held.
+    WatchTarget(
+        FLASHMLA_REPLAY,
+        "sglang.srt.layers.attention.flashmla_backend.FlashMLABackend.init_forward_metadata_out_graph",
+        "cuda_graph_kv_indices (pages)",
+        (0, 5, 13),
+    ),
+    # TRT-LLM MHA (sm100): per-mode page tables [max_bs, ceil(C / page)] (0.5.14
+    # trtllm_mha_backend.py:142-146, :302-392; 0.5.23 :351-353, :706-811): decode s (draft
+    # decode s + step + 1), target_verify s + D (0.5.14 :492-566; 0.5.23 :941-1048, one fused
+    # kernel looping max_num_pages), so where C is a multiple of the page, s = C - 3 with D >= 4
+    # already needs a page more. The
+    # 0.5.14 fill kernel, like FlashMLA's, masks by the request's pages within whole
+    # 4096-token blocks (triton_ops/trtllm_mha_page_table.py:38-93).
+    WatchTarget(
+        TRTLLM_MHA_REPLAY,
+        "sglang.srt.layers.attention.trtllm_mha_backend.TRTLLMHAAttnBackend.init_forward_metadata_out_graph",
+        "page_table (pages)",
+        (0, 5, 13),
+    ),
+    # TRT-LLM MLA (sm100): block table [max_bs, _calc_padded_blocks(C)], ceil(C / page) padded
+    # to a multiple of 4096 tokens' pages (0.5.14 trtllm_mla_backend.py:209-230, :275-285,
+    # :334-370; 0.5.23 :477-485); target_verify asks for s + D (0.5.14 :372-424, 0.5.23
+    # :604-667), draft_extend_v2 s. Short only where C is at or just below such a multiple
+    # (4096, 163840): s + D then needs one page more.
+    WatchTarget(
+        TRTLLM_MLA_REPLAY,
+        "sglang.srt.layers.attention.trtllm_mla_backend.TRTLLMMLABackend.init_forward_metadata_out_graph",
+        "block_kv_indices (pages)",
+        (0, 5, 13),
+    ),
+)
