@@ -6,18 +6,20 @@ directory, here a valid copy of the backend, so that only the tool's own checks 
 tool must never change that file, with or without ``--allow-unsafe-dirs``.
 """
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
 from pathlib import Path
 from unittest import mock
 
-from helpers import PatchToolTestCase, tree_state
+from helpers import INSTALLED, PatchToolTestCase, run_cli, tree_state
 
-from sglang_dsa_fix import safe_files
+from sglang_dsa_fix import release, safe_files
 
 NOBODY = 65534
 ROUNDS = 50
@@ -218,3 +220,128 @@ class TestUnreadableAsAnotherUser(PatchToolTestCase):
                 self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
                 self.assertIn("cannot read (Permission denied)", proc.stderr)
                 self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+
+
+# ------------------------------------------------------------------------------ code root runs
+# What nobody writes into a place it owns: code that leaves a mark only root could leave.
+PAYLOAD = "open({marker!r}, 'w').write(str(__import__('os').geteuid()))\nraise ImportError('planted')\n"
+PLANT = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"
+BARE_PYTHON = "/usr/bin/python3"
+
+
+def _plant_as_nobody(path: Path, text: str) -> None:
+    done = subprocess.run(
+        [*_as_nobody(), BARE_PYTHON, "-I", "-c", PLANT, str(path), text], capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@unittest.skipIf(SKIP, SKIP)
+class TestStatusRunsNoCodeAnotherUserCanChange(unittest.TestCase):
+    """Issue 25 A: ``status -- <launch args>`` as root runs the target's Python and imports the
+    target's sglang in a child. Where nobody owns the venv (or a part of the tree, or the
+    interpreter), nobody's code would run as root: refused, one line, exit 2."""
+
+    LAUNCH = ("--model-path", "x", "--context-length", "4096", "--speculative-num-draft-tokens", "4")
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="dsa-fix-code-"))
+        self.addCleanup(shutil.rmtree, self.tmp)
+        self.tmp.chmod(0o755)  # root's: nobody cannot leave the marker here itself
+        self.marker = self.tmp / "ran-as-root"
+        base = os.path.realpath(sys.executable)
+        self.venv = self.tmp / "venv"
+        self.site = self.venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+        for rel in release.FILES_READ:
+            src = INSTALLED.package / rel
+            if src.exists():
+                (self.site / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, self.site / "sglang" / rel)
+        (self.venv / "bin").mkdir()
+        (self.venv / "bin" / "python").symlink_to(base)
+        (self.venv / "pyvenv.cfg").write_text(
+            f"home = {os.path.dirname(base)}\ninclude-system-site-packages = false\n"
+        )
+
+    def status(self, *flags, root=None):
+        return run_cli("status", "--sglang-root", str(root or self.site), *flags, "--", *self.LAUNCH)
+
+    def assertRefusedOnce(self, rc, out, err, *parts):
+        self.assertFalse(self.marker.exists(), "code another user wrote ran as root")
+        self.assertEqual(rc, 2, (out, err))
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertNotIn("Traceback", err)
+        for part in parts:
+            self.assertIn(part, err)
+
+    def test_venv_of_another_user_is_not_run(self):
+        for path in [self.venv, *self.venv.rglob("*")]:
+            os.lchown(path, NOBODY, NOBODY)  # nobody's venv ...
+        init = self.site / "sglang" / "__init__.py"
+        _plant_as_nobody(init, PAYLOAD.format(marker=str(self.marker)))  # ... and nobody's sglang
+        rc, out, err = self.status()
+        self.assertRefusedOnce(
+            rc,
+            out,
+            err,
+            f"{self.venv}/bin/python: {self.venv} is owned by uid {NOBODY} (nobody)",
+            "does not run an interpreter another user can change",
+            "--allow-unsafe-dirs",
+        )
+        rc, out, err = self.status("--json")
+        self.assertRefusedOnce(rc, out, err)
+        self.assertIn("does not run an interpreter", json.loads(out)["error"])
+        # The root interpreter still imports nobody's tree: refused too.
+        rc, out, err = self.status("--python", sys.executable)
+        self.assertRefusedOnce(rc, out, err, f"{self.site / 'sglang'}: ", "does not import code")
+        # The override runs it (and the planted code with it, as asked).
+        rc, out, err = self.status("--allow-unsafe-dirs")
+        self.assertNotIn("Traceback", err)
+        self.assertTrue(self.marker.exists())
+
+    def test_part_of_the_tree_another_user_can_change_is_not_imported(self):
+        site = self.tmp / "site"  # root's, as is the interpreter (--python)
+        shutil.copytree(self.site, site)
+        (site / "sglang" / "__init__.py").write_text("")
+        srt = site / "sglang" / "srt"
+        os.chown(srt, NOBODY, NOBODY)
+        _plant_as_nobody(srt / "__init__.py", PAYLOAD.format(marker=str(self.marker)))
+        rc, out, err = self.status("--python", sys.executable, root=site)
+        self.assertRefusedOnce(
+            rc,
+            out,
+            err,
+            f"{site / 'sglang'}: {srt} is owned by uid {NOBODY} (nobody)",
+            "does not import code",
+        )
+        # Root's file, but writable by others: the same.
+        for path in (srt, srt / "__init__.py"):
+            os.chown(path, 0, 0)
+        (srt / "__init__.py").chmod(0o666)
+        rc, out, err = self.status("--python", sys.executable, root=site)
+        self.assertRefusedOnce(
+            rc, out, err, f"{srt / '__init__.py'} is writable by others (owner uid 0 (root))"
+        )
+
+    def test_python_of_another_user_is_not_run(self):
+        bin_dir = self.tmp / "nobody-bin"
+        bin_dir.mkdir()
+        os.chown(bin_dir, NOBODY, NOBODY)
+        python = bin_dir / "python"
+        _plant_as_nobody(python, f"#!/bin/sh\necho -n 0 > {self.marker}\n")
+        python.chmod(0o755)  # as root: nobody could chmod its own file as well
+        rc, out, err = self.status("--python", str(python))
+        self.assertRefusedOnce(rc, out, err, f"{python}: {bin_dir} is owned by uid {NOBODY} (nobody)")
+
+    def test_link_in_a_sticky_directory_counts_its_owner(self):
+        sticky = self.tmp / "sticky"
+        sticky.mkdir()
+        sticky.chmod(0o1777)  # as /tmp: fine when what it holds is root's
+        link = sticky / "python"
+        link.symlink_to(os.path.realpath(sys.executable))
+        self.assertIsNone(safe_files.foreign_code(link, self.site))
+        os.lchown(link, NOBODY, NOBODY)  # nobody may replace its own link there at any time
+        what, found = safe_files.foreign_code(link, self.site)
+        self.assertEqual(
+            (what, found.path, found.why), ("interpreter", str(link), f"owned by uid {NOBODY} (nobody)")
+        )

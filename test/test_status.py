@@ -204,6 +204,7 @@ class TestStatusStatic(StatusTestCase):
             (["--context-length", "256"], "go together"),
             (["--url", "http://x", *SHAPE], "--url judges the live server alone"),
             (["--gpu", "h200"], "go with `-- <launch_server args>`"),
+            (["--allow-unsafe-dirs"], "go with `-- <launch_server args>`"),
             ([*SHAPE, "--", "--model-path", "x"], "shape flags are the static rule"),
         ):
             with self.subTest(argv=argv):

@@ -78,7 +78,13 @@ def run_status(args) -> tuple[dict, str, int]:
 
     request = None
     if args.launch_args is not None:
-        request = resolve.Request(args.launch_args, python=args.python, gpu=args.gpu, prove=args.prove)
+        request = resolve.Request(
+            args.launch_args,
+            python=args.python,
+            gpu=args.gpu,
+            prove=args.prove,
+            allow_unsafe_dirs=args.allow_unsafe_dirs,
+        )
     elif args.context_length is not None:
         D = args.speculative_num_draft_tokens
         shape = width.SpecShape(
@@ -322,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
         )
     status = parsers["status"]
     status.usage = (
-        "%(prog)s [--sglang-root DIR] [--python PATH] [--gpu PROFILE] [--json] -- <launch_server args>\n"
+        "%(prog)s [--sglang-root DIR] [--python PATH] [--gpu PROFILE] [--allow-unsafe-dirs] [--json] "
+        "-- <launch_server args>\n"
         "       %(prog)s [--sglang-root DIR] [--json] [--context-length C --speculative-num-draft-tokens D ...]\n"
         "       %(prog)s --url URL [--timeout SECONDS] [--api-key KEY] [--json]"
     )
@@ -346,6 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="with `--`: the interpreter of the server's environment, which imports sglang to resolve "
         "the launch arguments (default: the venv holding --sglang-root, else this Python)",
+    )
+    status.add_argument(
+        "--allow-unsafe-dirs",
+        action="store_true",
+        help="with `--`, as root: run the interpreter and import the sglang tree even where a user "
+        "other than root could change them (the file, a directory on the way, a link; refused by "
+        "default)",
     )
     status.add_argument(
         "--gpu",
@@ -473,8 +487,10 @@ def _check_status_args(parser, args) -> None:
         )
     if args.url is None and (args.timeout, args.api_key) != (None, None):
         parser.error("status: --timeout and --api-key go with --url")
-    if (args.python or args.gpu or args.prove) and args.launch_args is None:
-        parser.error("status: --python, --gpu and --prove go with `-- <launch_server args>`")
+    if (args.python or args.gpu or args.prove or args.allow_unsafe_dirs) and args.launch_args is None:
+        parser.error(
+            "status: --python, --gpu, --prove and --allow-unsafe-dirs go with `-- <launch_server args>`"
+        )
     if args.launch_args is not None and not args.launch_args:
         parser.error("status: `--` needs the launch_server arguments after it")
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import runtime_fix, width
+from sglang_dsa_fix import runtime_fix, safe_files, width
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.tree import SglangTree
 
@@ -94,13 +94,22 @@ class Request:
     python: Optional[str] = None  # the interpreter that imports the target sglang
     gpu: Optional[str] = None  # a GPU_PROFILES name
     prove: bool = False  # also drive sglang's decode path on CPU (``_prove``)
+    allow_unsafe_dirs: bool = False  # as root: run and import what another user could change
 
 
 def configuration(tree: SglangTree, version: str, request: Request) -> dict:
     """The configuration step of the verdict flow. ``version``: the release whose pristine
     arithmetic the static rule uses (the tree's files decide it, ``classify.read_tree``)."""
     if request.launch_args is not None:
-        return resolve(tree, request.launch_args, version, request.python, request.gpu, request.prove)
+        return resolve(
+            tree,
+            request.launch_args,
+            version,
+            request.python,
+            request.gpu,
+            request.prove,
+            request.allow_unsafe_dirs,
+        )
     return static(request.shape, version)
 
 
@@ -128,6 +137,28 @@ def _venv_python(tree: SglangTree) -> Optional[Path]:
         if (parent / "pyvenv.cfg").is_file() and (parent / "bin" / "python").is_file():
             return parent / "bin" / "python"
     return None
+
+
+def refuse_foreign_code(interpreter: Path, tree: SglangTree) -> None:
+    """As root, ToolError when the child would run an interpreter, or import a tree, that a user
+    other than root could change (``safe_files.foreign_code``: the file, its directories up to
+    ``/``, the links on the way; the package parent and everything under ``sglang/``)."""
+    if os.geteuid() != 0:
+        return  # an unprivileged run executes nothing its user could not run anyway
+    try:
+        found = safe_files.foreign_code(interpreter, tree.package_parent)
+    except OSError as exc:
+        raise ToolError(f"{exc.filename or interpreter}: cannot check ({exc.strerror or exc})") from None
+    if found is None:
+        return
+    what, where = found
+    doing = "run an interpreter" if what == "interpreter" else "import code"
+    named = interpreter if what == "interpreter" else tree.package
+    said = f"{named}: " + ("" if where.path == str(named) else f"{where.path} is ") + where.reason
+    raise ToolError(
+        f"{said}; as root sglang-dsa-fix does not {doing} another user can change (pass "
+        "--allow-unsafe-dirs to override)"
+    )
 
 
 def local_gpu() -> Optional[dict]:
@@ -169,11 +200,13 @@ def resolve(
     python: Optional[str] = None,
     gpu: Optional[str] = None,
     prove: bool = False,
+    allow_unsafe_dirs: bool = False,
 ) -> dict:
     """What sglang resolves for these launch arguments, and its own widths. ToolError when sglang
     rejects the arguments; the static rule (labelled) when sglang cannot be imported.
     ``prove``: also drive sglang's real decode path for that configuration (``proof.row_overflow``
-    at context ``PROVE_CONTEXT``) and report the columns it really writes past the row end."""
+    at context ``PROVE_CONTEXT``) and report the columns it really writes past the row end.
+    As root, refuses (``refuse_foreign_code``) unless ``allow_unsafe_dirs``."""
     profile, profile_note = gpu_profile(gpu)
     if python is not None:
         interpreter = Path(python)
@@ -181,6 +214,8 @@ def resolve(
             raise ToolError(f"--python {python}: not an executable interpreter")
     else:
         interpreter = _venv_python(tree) or Path(sys.executable)
+    if not allow_unsafe_dirs:
+        refuse_foreign_code(interpreter, tree)
     ours = str(Path(__file__).resolve().parents[1])
     boot = (
         "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "

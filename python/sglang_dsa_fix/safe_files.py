@@ -12,6 +12,11 @@ Nothing is ever written in place: a new file (O_CREAT|O_EXCL|O_NOFOLLOW) is rena
 As root, ``check_place`` refuses, like sudo and sshd, a write whose place a user other than root
 or the tree's owner could have chosen (``--allow-unsafe-dirs`` accepts it inside the tree), and
 never writes outside the sglang package through such a place.
+
+The same rule (``changeable_by_others``) decides what root may run: ``foreign_code`` finds the
+first part of an interpreter, or of the tree it imports, that a user other than root could
+change (``status --`` refuses to start the child then), and the benchmarks' work directories
+(``benchmark/bench_common.private_work_dir``) are held to it too.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fnmatch
+import grp
 import os
+import pwd
 import secrets
 import stat
 import weakref
@@ -77,8 +84,9 @@ def _parts(path: str) -> list:
     return [p for p in path.split("/") if p not in ("", ".")][::-1]  # reversed: pop() is next
 
 
-def _walk(path, want_dir: bool):
-    """Resolve ``path`` as the kernel would, but by hand: (final Dir, via) or a File."""
+def _walk(path, want_dir: bool, links_seen: Optional[list] = None):
+    """Resolve ``path`` as the kernel would, but by hand: (final Dir, via) or a File.
+    ``links_seen`` collects (path, lstat) of each symlink followed."""
     path = os.fspath(path)
     if not path.startswith("/"):
         path = os.path.join(os.getcwd(), path)
@@ -96,6 +104,8 @@ def _walk(path, want_dir: bool):
             links += 1
             if links > MAX_SYMLINKS:
                 raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+            if links_seen is not None:
+                links_seen.append((os.path.join(here.path, part), st))
             target = os.readlink(part, dir_fd=here.fd)
             if target.startswith("/"):
                 del stack[1:]
@@ -284,16 +294,44 @@ def writable_error(loc: File) -> Optional[str]:
     return None
 
 
+def user_name(uid: int) -> str:
+    """``uid 65534 (nobody)``; the number alone where no account has it."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return f"{gid} ({grp.getgrgid(gid).gr_name})"
+    except KeyError:
+        return str(gid)
+
+
+def changeable_by_others(st: os.stat_result, trusted) -> Optional[str]:
+    """THE rule, for every place root writes through or runs code from: why a user whose uid is
+    not in ``trusted`` could change this file, directory or symlink (its lstat), or None.
+
+    Its owner must be trusted; it must be writable by no group and no one else, except a
+    directory as /tmp is (sticky, so others cannot rename or remove the entries they do not own,
+    and owned by root): what such a directory holds is then safe only when it is owned by a
+    trusted user too, which this rule asks of that entry in turn. A symlink's own mode means
+    nothing (its directory decides who may replace it); its owner still counts (in a sticky
+    directory, the owner may replace it)."""
+    if st.st_uid not in trusted:
+        return f"owned by {user_name(st.st_uid)}"
+    mode = st.st_mode
+    if stat.S_ISLNK(mode) or not mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return None
+    if stat.S_ISDIR(mode) and mode & stat.S_ISVTX and st.st_uid == 0:
+        return None
+    return "writable by " + ("others" if mode & stat.S_IWOTH else f"group {_group_name(st.st_gid)}")
+
+
 def _unsafe(directory: Dir, owners: set) -> Optional[str]:
-    st = directory.st
-    if st.st_uid not in owners:
-        return f"{directory.path} is owned by uid {st.st_uid}"
-    # Group/other-writable is only safe as /tmp is: sticky (others cannot rename our entries)
-    # and owned by root.
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (st.st_mode & stat.S_ISVTX and st.st_uid == 0):
-        who = "others" if st.st_mode & stat.S_IWOTH else f"group {st.st_gid}"
-        return f"{directory.path} is writable by {who}"
-    return None
+    why = changeable_by_others(directory.st, owners)
+    return None if why is None else f"{directory.path} is {why}"
 
 
 def check_place(shown, loc: File, package: Dir, allow_unsafe_dirs: bool) -> None:
@@ -323,3 +361,157 @@ def check_place(shown, loc: File, package: Dir, allow_unsafe_dirs: bool) -> None
             f"{shown}: {unsafe}, so another user could redirect a write made as root; refusing "
             "(pass --allow-unsafe-dirs to accept it); nothing changed"
         )
+
+
+# ------------------------------------------------------------------------------ code root runs
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """Something root would run or import that another user could change: where, and why."""
+
+    path: str
+    why: str  # changeable_by_others' reason
+    st: os.stat_result
+
+    @property
+    def reason(self) -> str:
+        """``owned by uid 65534 (nobody)``, or ``writable by others (owner uid 0 (root))``."""
+        owner = "" if self.why.startswith("owned by") else f" (owner {user_name(self.st.st_uid)})"
+        return self.why + owner
+
+
+def _first_foreign(entries, trusted) -> Optional[Foreign]:
+    for path, st in entries:
+        why = changeable_by_others(st, trusted)
+        if why:
+            return Foreign(str(path), why, st)
+    return None
+
+
+def resolve_checked(path, trusted, want_dir: bool):
+    """Resolve ``path`` by hand: (the first Foreign among every directory and symlink that decided
+    where it leads and what it leads to, or None; the Dir it leads to when ``want_dir``)."""
+    links = []
+    if want_dir:
+        target, via = _walk(path, True, links)
+        last = (target.path, target.st)
+    else:
+        loc = _walk(path, False, links)
+        target, via = None, loc.via
+        if loc.st is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(loc))
+        last = (str(loc.path), loc.st)
+    entries = [(d.path, d.st) for d in via] + links + [last]
+    return _first_foreign(entries, trusted), target
+
+
+def _entries(directory: Dir):
+    """(path, lstat) of every name in ``directory`` (one that vanished meanwhile left out)."""
+    for name in sorted(os.listdir(directory.fd)):
+        st = _lstat(directory, name)
+        if st is not None:
+            yield name, os.path.join(directory.path, name), st
+
+
+def _flat(directory: Dir, trusted, skip=()) -> Optional[Foreign]:
+    """``directory``'s own entries (what ``import NAME`` or a ``.pth`` finds there), one level."""
+    for name, path, st in _entries(directory):
+        if name in skip:
+            continue
+        found = _first_foreign([(path, st)], trusted)
+        if found is None and stat.S_ISLNK(st.st_mode):
+            with _unless_dangling():
+                found = resolve_checked(path, trusted, want_dir=False)[0]
+        if found:
+            return found
+    return None
+
+
+@contextlib.contextmanager
+def _unless_dangling():
+    """A link that leads nowhere (or in a loop) imports nothing: skipped, not an error."""
+    try:
+        yield
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+
+
+def _link(directory: Dir, name: str, trusted, places: dict):
+    """``resolve_checked`` for the symlink ``name`` in ``directory``, as (Foreign or None, Dir or None);
+    the directory its target names is resolved once per walk (a tree linked file by file)."""
+    path = os.path.join(directory.path, name)
+    head, tail = os.path.split(os.readlink(name, dir_fd=directory.fd))
+    if tail in ("", ".", ".."):
+        st = os.stat(name, dir_fd=directory.fd)
+        return resolve_checked(path, trusted, want_dir=stat.S_ISDIR(st.st_mode))
+    where = os.path.join(directory.path, head)  # head absolute: head itself
+    if where not in places:
+        places[where] = resolve_checked(where, trusted, want_dir=True)
+    found, holder = places[where]
+    st = _lstat(holder, tail)
+    if found or st is None:
+        return found, None
+    if stat.S_ISLNK(st.st_mode):  # a chain of links: resolved whole
+        st = os.stat(name, dir_fd=directory.fd)
+        return resolve_checked(path, trusted, want_dir=stat.S_ISDIR(st.st_mode))
+    found = _first_foreign([(os.path.join(holder.path, tail), st)], trusted)
+    return found, (subdir(holder, tail) if stat.S_ISDIR(st.st_mode) else None)
+
+
+def _deep(top: Dir, trusted) -> Optional[Foreign]:
+    """Every directory and file under ``top`` (symlinks followed, each followed place checked),
+    with an explicit stack: no recursion over the tree's depth."""
+    stack, seen, places = [top], {(top.st.st_dev, top.st.st_ino)}, {}
+    while stack:
+        directory = stack.pop()
+        for name, path, st in _entries(directory):
+            found, sub = _first_foreign([(path, st)], trusted), None
+            if found is None and stat.S_ISLNK(st.st_mode):
+                with _unless_dangling():
+                    found, sub = _link(directory, name, trusted, places)
+            elif stat.S_ISDIR(st.st_mode):
+                sub = subdir(directory, name)
+            if found:
+                return found
+            if sub is not None and (sub.st.st_dev, sub.st.st_ino) not in seen:
+                seen.add((sub.st.st_dev, sub.st.st_ino))
+                stack.append(sub)
+    return None
+
+
+def foreign_code(interpreter, package_parent, package: str = "sglang", trusted=frozenset({0})):
+    """As root, before running ``interpreter`` with ``package_parent`` first on ``sys.path`` to
+    import ``package``: (what, Foreign) for the first thing a user outside ``trusted`` could
+    change, or None. ``what`` is "interpreter" or "code".
+
+    Checked (one pass, lstat, symlinks resolved by hand): the interpreter file and every directory
+    and symlink on its way from ``/``; for a venv's interpreter its ``pyvenv.cfg`` and the entries
+    of its ``lib/python*/site-packages`` (``.pth`` files run at start-up); the directories on the way
+    to ``package_parent`` and its entries (``sys.path[0]``: any module name is looked up there
+    first); every directory and file under ``package_parent/package``."""
+    found = resolve_checked(interpreter, trusted, want_dir=False)[0]
+    # CPython looks for pyvenv.cfg beside the interpreter's path as given (links not resolved)
+    # and one level up.
+    here = Path(os.path.abspath(interpreter)).parent
+    venv = next((d for d in (here, here.parent) if os.path.lexists(d / "pyvenv.cfg")), None)
+    if found is None and venv is not None:
+        found = resolve_checked(venv / "pyvenv.cfg", trusted, want_dir=False)[0]
+        for site in sorted(venv.glob("lib*/python*/site-packages")):
+            if found is None:
+                found, directory = resolve_checked(site, trusted, want_dir=True)
+                found = found or _flat(directory, trusted)
+    if found:
+        return "interpreter", found
+    found, parent = resolve_checked(package_parent, trusted, want_dir=True)
+    found = found or _flat(parent, trusted, skip=(package,))
+    if found is None:
+        top = None  # nothing there to import where the package's name leads nowhere
+        with _unless_dangling():
+            found, top = resolve_checked(os.path.join(parent.path, package), trusted, want_dir=True)
+        if found is None and top is not None:
+            found = _deep(top, trusted)
+    return None if found is None else ("code", found)
