@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -343,14 +344,121 @@ def plot(runs, summaries, out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- plugin install
-def private_work_dir(prefix: str, parent: str | None = None) -> Path:
-    """A new directory only this user can write (mkdtemp: mode 0700, a fresh name) for
-    everything a run writes (logs, model config, patched copies, plugin sites), under ``parent``
-    (created if missing) or the system temporary directory. Under a parent that others can write
-    to, nothing they plant there (a symlink named like a log) is written through."""
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+class WorkDirError(Exception):
+    """A work directory another user could redirect, or one that cannot be made: the script says
+    this one line and exits 2 (``EXIT_BAD_WORK_DIR``)."""
+
+
+EXIT_BAD_WORK_DIR = 2
+_OPEN_MODES = {
+    "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+}
+
+
+class WorkDir:
+    """A run's private directory (mode 0700, a fresh name), held open. ``work / name`` is its
+    path (for child processes and reads); ``open`` creates a file through the directory's fd with
+    O_NOFOLLOW, so neither the directory renamed away and replaced by a symlink nor a symlink
+    planted under the file's name is written through."""
+
+    def __init__(self, directory):  # a sglang_dsa_fix.safe_files.Dir
+        self.dir = directory
+        self.path = Path(directory.path)
+
+    def __truediv__(self, name) -> Path:
+        return self.path / name
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"WorkDir({str(self.path)!r})"
+
+    def open(self, name: str, mode: str = "w"):
+        """A text file ``name`` (one path component) in this directory, for writing ("w") or
+        appending ("a")."""
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"not a file name: {name!r}")
+        fd = os.open(name, _OPEN_MODES[mode] | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.dir.fd)
+        return os.fdopen(fd, mode)
+
+
+def private_work_dir(prefix: str, parent: str | None = None) -> WorkDir:
+    """A new directory only this user can write (mode 0700, a fresh name) for everything a run
+    writes (logs, model config, patched copies, plugin sites), under ``parent`` (created if
+    missing) or the system temporary directory.
+
+    The parent is refused (``WorkDirError``) unless no other user could rename the new directory
+    and put a symlink in its place: it and every directory and symlink on its way from ``/`` must
+    be owned by this user or root and writable by no one else, except a directory as /tmp is
+    (sticky and owned by root). The rule is ``sglang_dsa_fix.safe_files.changeable_by_others``,
+    the one ``apply`` and ``status`` hold as root. Then every step goes through directory fds:
+    the missing parents and the new directory are made with mkdirat and opened with O_NOFOLLOW."""
+    from sglang_dsa_fix import safe_files
+
+    trusted = {0, os.geteuid()}
+    given = parent or tempfile.gettempdir()
+    base, missing = os.path.abspath(given), []
+    while not os.path.lexists(base):
+        base, name = os.path.split(base)
+        missing.append(name)
+
+    def refuse(found) -> WorkDirError:
+        return WorkDirError(
+            f"{given}: {found.path} is {found.reason}, so another user could swap this run's "
+            "directory for a symlink and have it write elsewhere; use a directory that only you "
+            "(or root) can write, or one like /tmp (sticky, owned by root)"
+        )
+
+    try:
+        found, directory = safe_files.resolve_checked(base, trusted, want_dir=True)
+        if found:
+            raise refuse(found)
+        for name in [*reversed(missing), None]:
+            for _ in range(100):
+                made = name or f"{prefix}{secrets.token_hex(4)}"
+                try:
+                    os.mkdir(made, 0o700 if name is None else 0o755, dir_fd=directory.fd)
+                    break
+                except FileExistsError:
+                    if name is not None:  # made meanwhile: checked below like any other
+                        break
+            else:
+                raise WorkDirError(f"{given}: no free directory name for {prefix}*")
+            sub = safe_files.subdir(directory, made)
+            if sub is None:
+                raise WorkDirError(f"{given}: {directory.path}/{made} is not a directory (a symlink?)")
+            found = safe_files.resolve_checked(sub.path, trusted, want_dir=True)[0]
+            if found:
+                raise refuse(found)
+            directory = sub
+    except OSError as exc:
+        raise WorkDirError(f"{given}: cannot make the run's directory ({exc.strerror or exc})") from None
+    if directory.st.st_uid != os.geteuid() or directory.st.st_mode & 0o077:
+        raise WorkDirError(f"{given}: {directory.path} is not this run's own private directory")
+    return WorkDir(directory)
+
+
+def write_no_follow(path, text: str, mode: str = "w") -> None:
+    """Write (or append) ``text`` to ``path`` in a run's private directory without following a
+    symlink at its name or at the directory's (what a worker process writes there)."""
+    path = Path(path)
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        flags = _OPEN_MODES[mode] | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(path.name, flags, 0o600, dir_fd=directory), mode) as handle:
+            handle.write(text)
+    finally:
+        os.close(directory)
+
+
+def fail_work_dir(prog: str, exc: WorkDirError) -> int:
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    return EXIT_BAD_WORK_DIR
 
 
 def install_entry_point(site: Path, dist: str, version: str, sources: list, entry_points: str) -> None:

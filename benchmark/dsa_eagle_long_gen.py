@@ -58,10 +58,13 @@ from pathlib import Path
 
 from bench_common import (
     BENCH_SERVING,
+    WorkDir,
+    WorkDirError,
     add_disable_tqdm_argument,
     add_output_file_argument,
     append_jsonl,
     baseline_of,
+    fail_work_dir,
     install_plugin,
     jsonl_row,
     noise_breakdown,
@@ -167,7 +170,7 @@ def progress(description: str, total: float, disable: bool = False):
 class Variant:
     """A variant's worker process (own process group) and what the parent learns about it."""
 
-    def __init__(self, name: str, env: dict, args, work: Path, index: int):
+    def __init__(self, name: str, env: dict, args, work: WorkDir, index: int):
         self.name, self.args = name, args
         self.log_path, self.result_path = work / f"{name}.log", work / f"{name}.json"
         cmd = [
@@ -182,7 +185,7 @@ class Variant:
         ] + forward_args(args, port=args.port + 10 * index)
         print(f"[{name}] starting (log: {self.log_path})", flush=True)
         self.began = time.perf_counter()
-        self.log = open(self.log_path, "w")
+        self.log = work.open(self.log_path.name, "w")  # O_NOFOLLOW through the run directory's fd
         self.process = subprocess.Popen(
             cmd,
             env=env,
@@ -306,7 +309,7 @@ def page_table_bytes(args) -> dict:
     return {name: pristine_bytes if name in PRISTINE else rows * fixed_pool * 4 for name in VARIANTS}
 
 
-def run_all(names, args, work: Path):
+def run_all(names, args, work: WorkDir):
     """Start the variants one after another (no two JIT-compiling at once), alternate the control
     reps between the running engines (ABBA order, so drift and warm-up hit every variant alike),
     then give each its boundary phase in start order, stopping it right after."""
@@ -532,7 +535,10 @@ def main(argv=None) -> int:
     # The engines run in their own sessions: on SIGTERM (a `timeout`), unwind so that
     # run_all's cleanup kills them instead of leaving them on the GPU.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = private_work_dir("dsa-eagle-long-gen-", args.work_dir)
+    try:
+        work = private_work_dir("dsa-eagle-long-gen-", args.work_dir)
+    except WorkDirError as exc:
+        return fail_work_dir(parser.prog, exc)
     rows = run_all(variants, args, work)
     add_control_ratios(rows)
 

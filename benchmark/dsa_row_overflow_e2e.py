@@ -42,8 +42,11 @@ from types import SimpleNamespace
 
 from bench_common import (
     REPO,
+    WorkDir,
+    WorkDirError,
     add_output_file_argument,
     append_jsonl,
+    fail_work_dir,
     fetch_server_info,
     install_entry_point,
     install_plugin,
@@ -64,7 +67,7 @@ CASES = ("dsa-eagle", "llama-ngram-page1")
 LLAMA_CONFIG = Path(__file__).with_name("tiny_llama_model.json")
 
 
-def prepare(variant: str, work: Path) -> dict:
+def prepare(variant: str, work: WorkDir) -> dict:
     """PYTHONPATH for a variant; the observer plugin is on it for every variant."""
     from sglang_dsa_fix import snapshot, source_patch
     from sglang_dsa_fix import tree as trees
@@ -258,8 +261,12 @@ def main(argv=None) -> int:
     variants = args.variants.split(",")
     if set(variants) - set(VARIANTS):
         parser.error(f"--variants: choose from {','.join(VARIANTS)}")
-    work = private_work_dir("dsa-row-e2e-")
-    logs = private_work_dir("dsa-row-e2e-logs-", args.logs) if args.logs else work
+    try:  # --logs first: refused, it leaves no empty run directory behind
+        logs = private_work_dir("dsa-row-e2e-logs-", args.logs) if args.logs else None
+        work = private_work_dir("dsa-row-e2e-")
+    except WorkDirError as exc:
+        return fail_work_dir(parser.prog, exc)
+    logs = logs or work
     rows = []
     metadata = run_metadata()
     for variant in variants:
@@ -292,7 +299,7 @@ def main(argv=None) -> int:
             str(args.generate_timeout),
         ] + (["--server"] if server else [])
         began = time.perf_counter()
-        with open(logs / f"{variant}.log", "w") as log:
+        with logs.open(f"{variant}.log", "w") as log:  # O_NOFOLLOW through the directory's fd
             try:
                 proc = subprocess.run(
                     cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.variant_timeout

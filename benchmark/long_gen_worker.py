@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_common import fetch_server_info, itl_percentiles, output_throughput
+from bench_common import fetch_server_info, itl_percentiles, output_throughput, write_no_follow
 
 MODEL_CONFIG = Path(__file__).with_name("tiny_dsa_model.json")
 
@@ -32,7 +32,7 @@ def write_model(directory: Path, context_length: int, config_file: Path = MODEL_
     predicts token id 100; one NextN draft layer, MoE and DSA like the target)."""
     config = {**json.loads(config_file.read_text()), "max_position_embeddings": max(4096, context_length)}
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    write_no_follow(directory / "config.json", json.dumps(config, indent=2))
     return directory
 
 
@@ -240,7 +240,7 @@ def worker(args) -> int:
 
     def save():
         tmp = result_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result))
+        write_no_follow(tmp, json.dumps(result))
         tmp.replace(result_path)  # the parent never reads half a file
 
     model = write_model(Path(args.model_dir), args.context_length)

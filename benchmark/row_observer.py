@@ -39,7 +39,8 @@ def _hook(original, req_pool_indices, req_to_token, start, end, out_cache_loc, b
             {"row": r, "before": before[r], "after": after[r]} for r in neighbours if before[r] != after[r]
         ],
     }
-    with open(os.environ["ROW_OBSERVER_LOG"], "a") as handle:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC  # never through a link
+    with os.fdopen(os.open(os.environ["ROW_OBSERVER_LOG"], flags, 0o600), "a") as handle:
         handle.write(json.dumps(line) + "\n")
     return result
 

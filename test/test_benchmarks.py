@@ -5,6 +5,7 @@
 
 import ast
 import asyncio
+import contextlib
 import datetime
 import importlib
 import io
@@ -439,14 +440,70 @@ def test_runs_write_into_a_private_directory_even_under_a_shared_work_dir(tmp_pa
     victim.write_text("untouched")
     for name in ("none.log", "model", "apply-site"):
         (shared / name).symlink_to(victim)
-    runs = {bench_common.private_work_dir("dsa-eagle-long-gen-", str(shared)) for _ in range(2)}
+    runs = {bench_common.private_work_dir("dsa-eagle-long-gen-", str(shared)).path for _ in range(2)}
     assert len(runs) == 2
     for run in runs:
         assert run.parent == shared and run.is_dir() and not run.is_symlink()
         assert (run.stat().st_mode & 0o777) == 0o700 and not any(run.iterdir())
     assert victim.read_text() == "untouched"
     made = bench_common.private_work_dir("x-", str(tmp_path / "new" / "parent"))
-    assert made.parent == tmp_path / "new" / "parent"
+    assert made.path.parent == tmp_path / "new" / "parent"
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o757])
+def test_a_work_dir_others_can_rename_in_is_refused(tmp_path, mode):
+    # Not sticky: another user (or the group) could rename the run's directory and put a symlink
+    # in its place (test_root_safety.TestBenchmarkWorkDir has that attack as nobody).
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    with pytest.raises(
+        bench_common.WorkDirError, match=re.escape(f"{shared / 'below'}: {shared} is writable by ")
+    ):
+        bench_common.private_work_dir("x-", str(shared / "below"))
+    assert not any(shared.iterdir())  # nothing made there
+    long_gen = importlib.import_module("dsa_eagle_long_gen")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert long_gen.main(["--variants", "none", "--work-dir", str(shared)]) == 2
+    assert len(err.getvalue().strip().splitlines()) == 1 and "is writable by" in err.getvalue()
+
+
+def test_row_overflow_logs_dir_others_can_rename_in_is_refused(tmp_path, monkeypatch, capsys):
+    e2e = importlib.import_module("dsa_row_overflow_e2e")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setattr(e2e, "prepare", lambda *a: pytest.fail("ran with an unsafe --logs"))
+    assert e2e.main(["--variants", "plugin", "--logs", str(shared)]) == 2
+    assert f"{shared} is writable by others" in capsys.readouterr().err
+    assert not any(shared.iterdir())
+
+
+def test_files_open_through_the_run_directory_never_through_a_link(tmp_path):
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    victim = victim_dir / "none.log"
+    victim.write_text("untouched")
+    work = bench_common.private_work_dir("x-", str(tmp_path / "runs"))
+    # A symlink planted under the log's name: refused (ELOOP), not written through.
+    (work / "none.log").symlink_to(victim)
+    with pytest.raises(OSError):
+        work.open("none.log", "w")
+    with pytest.raises(OSError):
+        bench_common.write_no_follow(work / "none.log", "x")
+    (work / "none.log").unlink()
+    # The directory renamed away and a link put in its place: the fd still names the real one.
+    moved = work.path.with_name("moved")
+    work.path.rename(moved)
+    work.path.symlink_to(victim_dir)
+    with work.open("none.log", "w") as log:
+        log.write("run's log")
+    with pytest.raises(OSError):  # a worker's write through the swapped directory: refused too
+        bench_common.write_no_follow(work / "none.log", "x")
+    assert victim.read_text() == "untouched"
+    assert (moved / "none.log").read_text() == "run's log"
 
 
 def test_source_hash_changes_with_the_code_that_runs(tmp_path):

@@ -6,9 +6,13 @@ directory, here a valid copy of the backend, so that only the tool's own checks 
 tool must never change that file, with or without ``--allow-unsafe-dirs``.
 """
 
+import contextlib
+import importlib
+import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +24,8 @@ from unittest import mock
 from helpers import INSTALLED, PatchToolTestCase, run_cli, tree_state
 
 from sglang_dsa_fix import release, safe_files
+
+BENCHMARK = Path(__file__).resolve().parents[1] / "benchmark"
 
 NOBODY = 65534
 ROUNDS = 50
@@ -345,3 +351,91 @@ class TestStatusRunsNoCodeAnotherUserCanChange(unittest.TestCase):
         self.assertEqual(
             (what, found.path, found.why), ("interpreter", str(link), f"owned by uid {NOBODY} (nobody)")
         )
+
+
+# ------------------------------------------------------------------------------ benchmarks as root
+SWAP = "import os, sys; os.rename(sys.argv[1], sys.argv[1] + '.moved'); os.symlink(sys.argv[2], sys.argv[1])"
+
+
+@unittest.skipIf(SKIP, SKIP)
+class TestBenchmarkWorkDir(unittest.TestCase):
+    """Issue 25 B: root's long-gen benchmark under a --work-dir nobody can rename entries of.
+    nobody swaps the run's private directory for a link to a root-only directory between its
+    creation and the first log; root must never empty the root-only ``none.log``."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="dsa-fix-bench-"))
+        self.addCleanup(shutil.rmtree, self.tmp)
+        self.tmp.chmod(0o755)
+        self.victim_dir = self.tmp / "root-only"
+        self.victim_dir.mkdir(mode=0o700)
+        self.victim = self.victim_dir / "none.log"
+        self.victim.write_text("root's data\n")
+        self.victim.chmod(0o600)
+        sys.path.insert(0, str(BENCHMARK))
+        self.addCleanup(sys.path.remove, str(BENCHMARK))
+        self.long_gen = importlib.import_module("dsa_eagle_long_gen")
+        sigterm = signal.getsignal(signal.SIGTERM)  # main() installs its own
+        self.addCleanup(signal.signal, signal.SIGTERM, sigterm)
+        worker = self.tmp / "worker.py"
+        worker.write_text("")  # the engine's worker: exits at once
+        self.swaps = []
+
+        def attacked_run_all(names, args, work):
+            done = subprocess.run(
+                [*_as_nobody(), BARE_PYTHON, "-I", "-c", SWAP, str(work), str(self.victim_dir)],
+                capture_output=True,
+                text=True,
+            )
+            self.swaps.append(done.returncode)
+            return real_run_all(names, args, work)
+
+        real_run_all = self.long_gen.run_all
+        for name, value in (("run_all", attacked_run_all), ("WORKER", worker)):
+            patcher = mock.patch.object(self.long_gen, name, value)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+
+    def run_benchmark(self, work_dir: Path):
+        out, err = io.StringIO(), io.StringIO()
+        argv = [
+            "--variants",
+            "none",
+            "--work-dir",
+            str(work_dir),
+            "--start-timeout",
+            "20",
+            "--control-reps",
+            "0",
+        ]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = self.long_gen.main(argv)
+        return rc, out.getvalue(), err.getvalue()
+
+    def test_work_dir_another_user_can_rename_in_is_refused(self):
+        for mode, owner, said in (
+            (0o777, 0, "is writable by others (owner uid 0 (root))"),
+            (0o755, NOBODY, f"is owned by uid {NOBODY} (nobody)"),
+        ):
+            with self.subTest(mode=oct(mode), owner=owner):
+                shared = self.tmp / f"shared-{mode:o}-{owner}"
+                shared.mkdir()
+                shared.chmod(mode)
+                os.chown(shared, owner, owner)
+                rc, out, err = self.run_benchmark(shared)
+                self.assertEqual(self.victim.read_text(), "root's data\n", "root wrote through nobody's link")
+                self.assertEqual(rc, 2, (out, err))
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
+                self.assertIn(f"{shared}: {shared} {said}", err)
+                self.assertEqual(os.listdir(shared), [])  # refused before making anything
+
+    def test_sticky_root_work_dir_runs_and_the_swap_fails(self):
+        shared = self.tmp / "sticky"
+        shared.mkdir()
+        shared.chmod(0o1777)  # as /tmp: nobody cannot rename root's entries there
+        rc, out, err = self.run_benchmark(shared)
+        self.assertEqual(self.swaps, [1])  # the attacker's rename was refused by the kernel
+        self.assertEqual(self.victim.read_text(), "root's data\n")
+        (run,) = [p for p in shared.iterdir()]
+        self.assertTrue((run / "none.log").is_file() and not (run / "none.log").is_symlink())
+        self.assertEqual(run.stat().st_mode & 0o777, 0o700)
