@@ -294,7 +294,7 @@ def page_table_bytes(args) -> dict:
     """Per variant, the target-verify graph buffer, max_bs * D rows x width x 4 B; widths as
     `status` reads them from the installed sglang (pristine: its own width expression; fixed:
     req_to_token's)."""
-    from sglang_dsa_fix import resolve, status, width
+    from sglang_dsa_fix import release, resolve, status, width
 
     D = draft_tokens(args)
     spec = width.SpecShape(args.context_length, D, args.speculative_num_steps, page_size=64)
@@ -302,7 +302,7 @@ def page_table_bytes(args) -> dict:
     report = status.collect(None, resolve.Request(shape=spec))
     page_table = next(b for b in report["bugs"] if b["bug"] == "page_table")
     pristine = page_table.get("at_configuration") or {}
-    fixed_pool = args.context_length + width.fixed_row_extra(report["sglang_version"], spec)
+    fixed_pool = args.context_length + width.fixed_row_extra(release.form_for(report["sglang_version"]), spec)
     rows = args.concurrency * D
     # "none" only where the tree is pristine (with a fix live, status reports the fixed width).
     pristine_bytes = rows * (pristine.get("graph_page_table_width") or 0) * 4

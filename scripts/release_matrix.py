@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_dsa_fix import classify, plugin, source_patch
+from sglang_dsa_fix import classify, plugin, release, source_patch
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.verdicts import Bug
 
@@ -139,7 +139,7 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def check_patch_tool(row: Row, release: Release, tree) -> None:
+def check_patch_tool(row: Row, case: Release, tree) -> None:
     """On a temporary checkout-layout copy of the release's own files."""
     with tempfile.TemporaryDirectory() as tmp:
         for rel in release.FILES_READ:
@@ -148,7 +148,7 @@ def check_patch_tool(row: Row, release: Release, tree) -> None:
                 shutil.copyfile(tree.package / rel, Path(tmp) / "python/sglang" / rel)
         copy = trees.find_tree(tmp)
         states = {s.bug: s for s in classify.check(copy)}
-        for bug, expected in ((Bug.PAGE_TABLE, release.page_table), (Bug.ROW_OVERFLOW, release.row)):
+        for bug, expected in ((Bug.PAGE_TABLE, case.page_table), (Bug.ROW_OVERFLOW, case.row)):
             state = states[bug]
             where = (
                 f" ({state.site.path.name}:{state.site.lineno} `{state.site.found}`)" if state.site else ""
@@ -230,7 +230,7 @@ def check_upstream_tests(row: Row, tree, site: Path | None) -> None:
                 row.add(f"upstream {test.stem}: {label}", proc.returncode == want, last)
 
 
-def check_plugin_decisions(row: Row, release: Release, site: Path | None) -> None:
+def check_plugin_decisions(row: Row, case: Release, site: Path | None) -> None:
     """What the plugin would do on this release (found, not imported), and status --json."""
     code = (
         "import json; from sglang_dsa_fix import plugin; "
@@ -243,9 +243,9 @@ def check_plugin_decisions(row: Row, release: Release, site: Path | None) -> Non
         said = {"error": proc.stderr[-300:]}
     expected = {
         bug.value: plugin.PLAN_STATE.get(verdict, "hooked")
-        for bug, verdict in ((Bug.PAGE_TABLE, release.page_table), (Bug.ROW_OVERFLOW, release.row))
+        for bug, verdict in ((Bug.PAGE_TABLE, case.page_table), (Bug.ROW_OVERFLOW, case.row))
     }
-    if release.row_inline:
+    if case.row_inline:
         expected[Bug.ROW_OVERFLOW.value] = plugin.ROW_INLINE_STATE
     row.add("plugin decides", said == expected, json.dumps(said))
     proc = subprocess.run(
@@ -258,7 +258,7 @@ def check_plugin_decisions(row: Row, release: Release, site: Path | None) -> Non
         verdicts = [b["verdict"] for b in json.loads(proc.stdout)["bugs"]]
     except (ValueError, KeyError):
         verdicts = [proc.stderr[-300:]]
-    row.add("status --json verdicts", verdicts == [release.page_table, release.row], str(verdicts))
+    row.add("status --json verdicts", verdicts == [case.page_table, case.row], str(verdicts))
 
 
 # (0.5.23's own EAGLE hook reads --speculative-eagle-topk unguarded when steps and D are given:
@@ -364,20 +364,20 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     wanted = set(args.only.split(",")) if args.only else None
     rows = []
-    for release in RELEASES:
-        if wanted and release.version not in wanted:
+    for case in RELEASES:
+        if wanted and case.version not in wanted:
             continue
-        print(f"sglang {release.version}", flush=True)
-        row = Row(release.version)
+        print(f"sglang {case.version}", flush=True)
+        row = Row(case.version)
         rows.append(row)
-        site = overlay(release.version)
+        site = overlay(case.version)
         tree = trees.find_tree(str(site) if site else None)
-        row.add("installed version", tree.version == release.version, str(tree.version))
-        check_patch_tool(row, release, tree)
-        base = release.version == BASE_VERSION
+        row.add("installed version", tree.version == case.version, str(tree.version))
+        check_patch_tool(row, case, tree)
+        base = case.version == BASE_VERSION
         for name, reason, target in (
-            ("bug #1 CPU tier", release.cpu_tier, "test/srt/test_dsa_cuda_graph.py"),
-            ("bug #2 CPU tier", release.row_tier, "test/srt/test_row_overflow.py"),
+            ("bug #1 CPU tier", case.cpu_tier, "test/srt/test_dsa_cuda_graph.py"),
+            ("bug #2 CPU tier", case.row_tier, "test/srt/test_row_overflow.py"),
         ):
             if base:
                 row.add(name, True, "run by the main test suite (base environment)")
@@ -385,19 +385,19 @@ def main(argv=None) -> int:
                 run_pytest(row, name, site, target, args.full)
             else:
                 row.add(name, True, f"skipped: {reason}")
-        if release.resolves:
+        if case.resolves:
             check_resolution(row, site)
-        if release.upstream_tests is None:
+        if case.upstream_tests is None:
             check_upstream_tests(row, tree, site)
         else:
-            row.add("upstream-form tests", True, f"skipped: {release.upstream_tests}")
+            row.add("upstream-form tests", True, f"skipped: {case.upstream_tests}")
         if base:
             row.add("plugin in spawned processes", True, "run by the main test suite (base environment)")
-        elif release.plugin:
-            check_plugin_decisions(row, release, site)
-            if release.cpu_tier is None:  # the watch's DSA/NSA replay check on the real backend
+        elif case.plugin:
+            check_plugin_decisions(row, case, site)
+            if case.cpu_tier is None:  # the watch's DSA/NSA replay check on the real backend
                 run_pytest(row, "watch: graph replays and hook targets", site, WATCH_TESTS, args.full)
-            if release.page_table == AFFECTED:
+            if case.page_table == AFFECTED:
                 run_pytest(row, "plugin in spawned processes", site, "test/test_plugin.py", args.full)
         else:
             row.add("plugin", True, "skipped: no plugin API before 0.5.11 (use apply)")

@@ -15,6 +15,7 @@ from typing import Optional
 
 from sglang_dsa_fix import sites, snapshot
 from sglang_dsa_fix.errors import ToolError
+from sglang_dsa_fix.release import Form
 from sglang_dsa_fix.sites import Site
 from sglang_dsa_fix.snapshot import FileView, TreeFiles
 from sglang_dsa_fix.tree import SglangTree
@@ -138,13 +139,13 @@ def states(files: TreeFiles) -> list:
 
 @dataclass
 class TreeReport:
-    """What one tree's files say, read once: the files, per bug a ``BugState``, and the release
-    whose pristine arithmetic applies (its label, unless the files' shape contradicts it; then
-    the files win and ``version_note`` says so)."""
+    """What one tree's files say, read once: the files, per bug a ``BugState``, and the release's
+    form (its label's, unless the files' shape contradicts it; then the files win and
+    ``version_note`` says so)."""
 
     files: TreeFiles
     states: list
-    arithmetic_version: str
+    form: Form  # the release's form (``release.Form``): what the pristine arithmetic follows
     version_note: str = ""
 
     @property
@@ -156,7 +157,7 @@ def read_tree(tree: SglangTree) -> TreeReport:
     """The tree step of the verdict flow (``status.collect``): one read under the shared lock,
     then the states and the release the files say, from that read alone."""
     files = snapshot.read(tree)
-    return TreeReport(files, states(files), *sites.arithmetic_version(files))
+    return TreeReport(files, states(files), *sites.release_form(files))
 
 
 def check(tree: SglangTree, wait: bool = True, use_backups: bool = True) -> list:

@@ -6,7 +6,7 @@ release number typed by hand. What differs between releases lives here and nowhe
 - where each release keeps the code the fixes change (``LAYOUTS``, ``ROW_SIZING_FILES``, ...):
   found by file layout, so patched forks and release candidates work too;
 - the release's *form* (``FORMS``): how its decode path sizes and fills a ``req_to_token`` row,
-  detected from the files (``detected_form``; ``sites.arithmetic_version`` reads them) and only
+  detected from the files (``detected_form``; ``sites.release_form`` reads them) and only
   where the files cannot tell, from the version label (``form_for``);
 - where each release keeps the functions the family watch hooks (``WATCH_TARGETS``).
 
@@ -111,6 +111,16 @@ LAYOUTS = (
     ),
 )
 
+# The attention backends whose CUDA-graph page_table is bug #1's (sglang's --attention-backend names).
+DSA_BACKENDS = ("dsa", "nsa")
+
+
+def decode_backend(config: dict) -> Optional[str]:
+    """The attention backend decode (and its CUDA graphs) runs: sglang's
+    --decode-attention-backend where set, else --attention-backend."""
+    return config.get("decode_attention_backend") or config.get("attention_backend")
+
+
 # Launch paths that build a Scheduler without calling load_plugins(): the plugin never runs
 # there (0.5.11 - 0.5.23 ray/scheduler_actor.py:104, 0.5.23 :113). Found by reading the file.
 PLUGINLESS_LAUNCHERS = {"srt/ray/scheduler_actor.py": "RayEngine (sglang.srt.ray)"}
@@ -167,6 +177,16 @@ class Form:
 # (0.5.13 / 0.5.14, NGRAM's exemption); everywhere else ``detected_form`` decides.
 FORMS = (
     Form(
+        "0.5.19",
+        (0, 5, 19),
+        "allocation_sizing",
+        preclaims_bonus=False,
+        page_aligns_reservation=True,
+        exempts_draftless=True,
+        row_holds_alloc_page=True,
+        files_say="the row is sized by the allocator's page (get_alloc_page_size, 0.5.19+)",
+    ),
+    Form(
         "0.5.16",
         (0, 5, 16),
         "allocation_sizing",
@@ -174,7 +194,7 @@ FORMS = (
         page_aligns_reservation=True,
         exempts_draftless=True,
         row_holds_alloc_page=False,
-        files_say="the row is sized in mem_cache/allocation_sizing.py (0.5.16+)",
+        files_say="the row is sized in mem_cache/allocation_sizing.py by page_size alone (0.5.16 - 0.5.18)",
     ),
     Form(
         "0.5.15",
@@ -240,23 +260,30 @@ def form_for(version: Optional[str]) -> Form:
     return next((form for form in FORMS if at_least(version, form.first)), FORMS[-1])
 
 
-def detected_form(label: Optional[str], preclaims: bool, sizing: Optional[str]) -> tuple:
-    """(version for the arithmetic, note) from what the files show: ``preclaims`` (the spec-v2
-    prepare pre-claims the bonus slot) and ``sizing`` (``"common"`` / ``"allocation_sizing"``:
-    the module that defines the row sizing function, None if none). The label stands where the
-    files agree with it (or show nothing); else the files win and the note says so."""
+def detected_form(
+    label: Optional[str], preclaims: bool, sizing: Optional[str], holds_alloc_page: bool
+) -> tuple:
+    """(the release's ``Form``, note) from what the files show: ``preclaims`` (the spec-v2 prepare
+    pre-claims the bonus slot), ``sizing`` (``"common"`` / ``"allocation_sizing"``: the module
+    that defines the row sizing function, None if none) and ``holds_alloc_page`` (that module
+    sizes the row by ``get_alloc_page_size``). The label's form stands where the files agree
+    with it (or show nothing: the label is all there is); else the files win and the note says so."""
     named = form_for(label)
     if preclaims:  # an unknown label keeps its own (pre-claiming) arithmetic
         shown = next(f for f in FORMS if f.preclaims_bonus and f.row_sizing == "common")
         fits = named.preclaims_bonus
     elif sizing is not None:
-        shown = next(f for f in FORMS if f.row_sizing == sizing and not f.preclaims_bonus)
-        fits = named is not UNKNOWN_FORM and named.row_sizing == sizing and not named.preclaims_bonus
+        shown = next(
+            f
+            for f in FORMS
+            if f.row_sizing == sizing and not f.preclaims_bonus and f.row_holds_alloc_page == holds_alloc_page
+        )
+        fits = named is shown
     else:
-        return label, ""
+        return named, ""
     if fits:
-        return label, ""
-    return shown.name, f"the files contradict the version {label}: {shown.files_say}; judged as {shown.name}"
+        return named, ""
+    return shown, f"the files contradict the version {label}: {shown.files_say}; judged as {shown.name}"
 
 
 # ------------------------------------------------------------------------------ the watch's targets

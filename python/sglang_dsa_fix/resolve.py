@@ -16,7 +16,7 @@ memory_hook.py:78, and the platform probes through runtime_context.py:1874): the
 those from a ``GPU_PROFILES`` entry, so a CPU machine resolves what the server's GPU would.
 
 This module is the flow's configuration step (``status.collect``): ``configuration(tree,
-version, request)`` turns a ``Request`` into ``{"basis", "configuration", "widths", ...}``,
+form, request)`` turns a ``Request`` into ``{"basis", "configuration", "widths", ...}``,
 resolved by sglang (``basis: sglang``) or, for the old shape flags and where sglang cannot be
 imported, by the static rule at the release the tree's files say (``basis: static``).
 """
@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import runtime_fix, safe_files, width
+from sglang_dsa_fix import release, runtime_fix, safe_files, width
 from sglang_dsa_fix.errors import ToolError
+from sglang_dsa_fix.release import Form
 from sglang_dsa_fix.tree import SglangTree
 
 # name -> what sglang's probes see. mem_mib as the driver reports it.
@@ -72,15 +73,6 @@ FIELDS = (
     "dcp_size",
     "device",
 )
-DSA_BACKENDS = ("dsa", "nsa")
-
-
-def decode_backend(config: dict) -> Optional[str]:
-    """The attention backend decode (and its CUDA graphs) runs: sglang's
-    --decode-attention-backend where set, else --attention-backend."""
-    return config.get("decode_attention_backend") or config.get("attention_backend")
-
-
 # ------------------------------------------------------------------------------ parent side
 
 
@@ -97,23 +89,23 @@ class Request:
     allow_unsafe_dirs: bool = False  # as root: run and import what another user could change
 
 
-def configuration(tree: SglangTree, version: str, request: Request) -> dict:
-    """The configuration step of the verdict flow. ``version``: the release whose pristine
+def configuration(tree: SglangTree, form: Form, request: Request) -> dict:
+    """The configuration step of the verdict flow. ``form``: the release's form, whose pristine
     arithmetic the static rule uses (the tree's files decide it, ``classify.read_tree``)."""
     if request.launch_args is not None:
         return resolve(
             tree,
             request.launch_args,
-            version,
+            form,
             request.python,
             request.gpu,
             request.prove,
             request.allow_unsafe_dirs,
         )
-    return static(request.shape, version)
+    return static(request.shape, form)
 
 
-def static(shape: width.SpecShape, version: str) -> dict:
+def static(shape: width.SpecShape, form: Form) -> dict:
     """The static rule's configuration and widths for a shape (``"basis": "static"``)."""
     config = {
         "speculative_algorithm": "EAGLE" if shape.has_draft_kv else "NGRAM",
@@ -125,8 +117,8 @@ def static(shape: width.SpecShape, version: str) -> dict:
         "disable_overlap_schedule": not shape.overlap,
     }
     widths = {
-        "row_extra": width.pristine_row_extra(version, shape),
-        "decode_reserve": width.reserve_per_decode(shape, version),
+        "row_extra": width.pristine_row_extra(form, shape),
+        "decode_reserve": width.reserve_per_decode(shape, form),
     }
     return {"basis": "static", "configuration": config, "widths": widths}
 
@@ -196,7 +188,7 @@ def gpu_profile(name: Optional[str]) -> tuple:
 def resolve(
     tree: SglangTree,
     launch_args: list,
-    version: str,
+    form: Form,
     python: Optional[str] = None,
     gpu: Optional[str] = None,
     prove: bool = False,
@@ -248,9 +240,7 @@ def resolve(
         raise ToolError(f"{interpreter}: resolving the arguments failed (exit {done.returncode}: {tail})")
     result = json.loads(lines[-1][len(RESULT_MARK) :])
     if result.get("error_kind") == "import":
-        return static_fallback(
-            launch_args, version, f"{interpreter} cannot import sglang ({result['error']})"
-        )
+        return static_fallback(launch_args, form, f"{interpreter} cannot import sglang ({result['error']})")
     if "error" in result:
         raise ToolError(f"sglang rejected the launch arguments: {result['error']}")
     result["resolved_with"] = (
@@ -261,7 +251,7 @@ def resolve(
     return result
 
 
-def static_fallback(launch_args: list, version: str, why: str) -> dict:
+def static_fallback(launch_args: list, form: Form, why: str) -> dict:
     """The static rule on the flags it knows, said as such."""
     if "--config" in launch_args:  # only sglang's own merger reads the file as sglang does
         raise ToolError(
@@ -292,7 +282,7 @@ def static_fallback(launch_args: list, version: str, why: str) -> dict:
         has_draft_kv=args.speculative_algorithm != "NGRAM",
         overlap=not args.disable_overlap_schedule,
     )
-    out = static(shape, version)
+    out = static(shape, form)
     out["basis_note"] = why
     return out
 
@@ -533,7 +523,11 @@ def _graph_page_table_width(config: dict, widths: dict) -> dict:
     where the configuration has no DSA graph (the verdict then says why) or the backend cannot
     be built here (the parent then evaluates the file's expression, and says so)."""
     algorithm, D = config.get("speculative_algorithm"), config.get("speculative_num_draft_tokens") or 0
-    if not algorithm or config.get("disable_cuda_graph") or decode_backend(config) not in DSA_BACKENDS:
+    if (
+        not algorithm
+        or config.get("disable_cuda_graph")
+        or release.decode_backend(config) not in release.DSA_BACKENDS
+    ):
         return {}
     if "row_extra" not in widths:
         return {}

@@ -298,7 +298,7 @@ def row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[Site]:
     if any(not _mentions(tests, "page_size") for tests in gates):
         # Some path reserves it whatever the page size: held at page 1 too.
         return dataclasses.replace(site, fixed_upstream=True)
-    margin = width.committed_margin(arithmetic_version(files)[0])
+    margin = width.committed_margin(release_form(files)[0])
     topk_gated = all(_mentions(tests, "topk") for tests in gates)
     when = (
         f"with topk 1 at any page size from D {margin + 5} (D - {margin + 4} columns), and with "
@@ -363,15 +363,15 @@ def preclaims_bonus_slot(files: TreeFiles) -> bool:
     return False
 
 
-def arithmetic_version(files: TreeFiles) -> tuple:
-    """(version for the pristine arithmetic, note): the label, unless the files' shape says
+def release_form(files: TreeFiles) -> tuple:
+    """(the release's ``release.Form``, note): the label's form, unless the files' shape says
     otherwise (a 0.5.14 tree labelled 0.5.15 keeps 0.5.14's margin): the files win
     (``release.detected_form``)."""
-    sizing, _ = row_sizing_file(files)
-    if sizing is None and not has_spec_v2_reservation(files):
-        return files.tree.version, ""
+    sizing, data = row_sizing_file(files)
+    preclaims = preclaims_bonus_slot(files)
     kind = None if sizing is None else sizing.stem
-    return release.detected_form(files.tree.version, preclaims_bonus_slot(files), kind)
+    holds_alloc_page = data is not None and b"def get_alloc_page_size(" in data
+    return release.detected_form(files.tree.version, preclaims, kind, holds_alloc_page)
 
 
 def _row_statement_before(

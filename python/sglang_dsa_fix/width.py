@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
-from sglang_dsa_fix.release import form_for
+from sglang_dsa_fix.release import Form
 
 # --------------------------------------------------------------------------------------------
 # Bug #1: the graph page_table width.
@@ -152,7 +152,7 @@ def size_mismatch_message(buffer_width: int, columns: int) -> str:
 # Bug #2: the req_to_token row width.
 
 
-def committed_margin(version: Optional[str], overlap: bool = True, preclaims: bool = True) -> int:
+def committed_margin(form: Form, overlap: bool = True, preclaims: bool = True) -> int:
     """How far below context_len kv_committed_len can be at a request's last decode prepare.
 
     Admission clamps prompt + max_new_tokens to context_len - 2 (0.5.14
@@ -163,19 +163,14 @@ def committed_margin(version: Optional[str], overlap: bool = True, preclaims: bo
     is committed in resolve (eagle_utils.py:791-793) and the bound is context_len - 4 either way
     (0.5.23 managers/batch_result_processor.py:831). A retracted request re-prefills its prompt
     plus the output so far under the same clamp, so the bound holds after retraction too.
-    Unknown versions get the smaller, safer margin. DFLASH's own prepare (0.5.14
+    A release the tool cannot place (``release.UNKNOWN_FORM``) gets the smaller, safer margin. DFLASH's own prepare (0.5.14
     speculative/dflash_info_v2.py:131) pre-claims nothing (``preclaims=False``): context_len - 4
     on every release. The CPU tier runs the real code to check every value. Only the pristine
     arithmetic uses it: the fixes hold the whole reservation.
     """
-    if not form_for(version).preclaims_bonus or not preclaims:
+    if not form.preclaims_bonus or not preclaims:
         return 4
     return 3 if overlap else 4
-
-
-def page_aligns_reservation(version: Optional[str]) -> bool:
-    """From 0.5.16 ``nxt`` is rounded up to a whole page (0.5.16 allocation_sizing.py:54-57)."""
-    return form_for(version).page_aligns_reservation
 
 
 @dataclass(frozen=True)
@@ -192,7 +187,7 @@ class SpecShape:
     preclaims_bonus: bool = True  # False for DFLASH, whose own prepare pre-claims nothing
 
 
-def alloc_len_per_decode(shape: SpecShape, version: Optional[str] = None) -> int:
+def alloc_len_per_decode(shape: SpecShape, form: Form) -> int:
     """A = get_alloc_len_per_decode (0.5.14 mem_cache/common.py:211-239, same through 0.5.23;
     0.5.13 :155-182 has no exemption for algorithms without draft KV, e.g. NGRAM)."""
     steps, topk, tokens, page = (
@@ -201,23 +196,23 @@ def alloc_len_per_decode(shape: SpecShape, version: Optional[str] = None) -> int
         shape.speculative_num_draft_tokens,
         shape.page_size,
     )
-    exempt = not shape.has_draft_kv and form_for(version).exempts_draftless
+    exempt = not shape.has_draft_kv and form.exempts_draftless
     if page == 1 or topk == 1 or exempt:
         return max(steps * topk, tokens)
     pages_per_branch = ((page - 1) + steps + page - 1) // page
     return max(pages_per_branch * page * topk, tokens)
 
 
-def reserve_per_decode(shape: SpecShape, version: Optional[str] = None) -> int:
+def reserve_per_decode(shape: SpecShape, form: Form) -> int:
     """get_alloc_reserve_per_decode: 2·A, the double buffer for the overlap lag (mirror)."""
-    return 2 * alloc_len_per_decode(shape, version)
+    return 2 * alloc_len_per_decode(shape, form)
 
 
-def pristine_row_extra(version: Optional[str], shape: SpecShape) -> int:
+def pristine_row_extra(form: Form, shape: SpecShape) -> int:
     """``get_req_to_token_extra_context_len`` of that release (mirror; tests check it)."""
     extra = 4 + shape.speculative_num_draft_tokens
-    reserve = reserve_per_decode(shape, version)
-    if page_aligns_reservation(version):  # 0.5.16+: widened for page > 1 only
+    reserve = reserve_per_decode(shape, form)
+    if form.page_aligns_reservation:  # 0.5.16+: widened for page > 1 only
         if shape.page_size > 1:
             extra = max(extra, reserve + shape.page_size - 1)
     elif shape.page_size > 1 and shape.speculative_eagle_topk > 1:  # 0.5.13 - 0.5.15
@@ -228,7 +223,7 @@ def pristine_row_extra(version: Optional[str], shape: SpecShape) -> int:
 def required_row_extra(
     reserve: int,
     page_size: int,
-    version: Optional[str],
+    form: Form,
     overlap: bool = True,
     preclaims: bool = True,
     context_len: Optional[int] = None,
@@ -236,13 +231,13 @@ def required_row_extra(
     """Columns past context_len the row must have for a decode reservation of ``reserve``.
 
     ``reserve`` is sglang's ``get_alloc_reserve_per_decode()`` (2·A). The fix forms call it with
-    the release's own function; status calls it with ``reserve_per_decode(shape, version)``.
+    the release's own function; status calls it with ``reserve_per_decode(shape, form)``.
     ``page_size`` is the allocator's page, which 0.5.16+ round nxt up to: the last prepare writes
     up to ``ceil_page(context_len - margin + reserve)``, exactly that for a given
     ``context_len`` (every earlier prepare ends no further), else its bound ``+ page - 1``.
     """
-    margin = committed_margin(version, overlap, preclaims)
-    if not page_aligns_reservation(version) or page_size <= 1:
+    margin = committed_margin(form, overlap, preclaims)
+    if not form.page_aligns_reservation or page_size <= 1:
         return reserve - margin
     if context_len is None:
         return reserve + page_size - 1 - margin
@@ -285,16 +280,16 @@ def alloc_page_size(server_args) -> int:
     return int(eval(_ALLOC_PAGE_CODE, {"__builtins__": {"getattr": getattr}}, {"server_args": fields}))
 
 
-def row_overflow_columns(version: Optional[str], shape: SpecShape) -> int:
+def row_overflow_columns(form: Form, shape: SpecShape) -> int:
     """Columns the last decode reservation writes past the row end (0 = safe) on a pristine tree."""
-    reserve = reserve_per_decode(shape, version)
+    reserve = reserve_per_decode(shape, form)
     need = required_row_extra(
-        reserve, shape.page_size, version, shape.overlap, shape.preclaims_bonus, shape.context_length
+        reserve, shape.page_size, form, shape.overlap, shape.preclaims_bonus, shape.context_length
     )
-    return max(0, need - pristine_row_extra(version, shape))
+    return max(0, need - pristine_row_extra(form, shape))
 
 
-def fixed_row_extra(version: Optional[str], shape: SpecShape) -> int:
+def fixed_row_extra(form: Form, shape: SpecShape) -> int:
     """The row headroom with either fix form live (mirror of what they compute)."""
-    align = shape.page_size if page_aligns_reservation(version) else 1
-    return max(pristine_row_extra(version, shape), row_extra_floor(reserve_per_decode(shape, version), align))
+    align = shape.page_size if form.page_aligns_reservation else 1
+    return max(pristine_row_extra(form, shape), row_extra_floor(reserve_per_decode(shape, form), align))

@@ -125,7 +125,7 @@ class TestPoolWidthMirror(CustomTestCase):
             with self.subTest(D=D, page=page):
                 self.assertEqual(
                     replay.req_to_token_width(case) - 256,
-                    width.pristine_row_extra(replay.installed_version(), shape),
+                    width.pristine_row_extra(replay.installed_form(), shape),
                 )
 
 

@@ -26,13 +26,14 @@ from sglang.test.test_utils import CustomTestCase
 from sglang_dsa_fix import runtime_fix, width
 from sglang_dsa_fix.proof import row_overflow
 from sglang_dsa_fix.proof.patched_copy import patched_copy
-from sglang_dsa_fix.proof.replay import installed_version
+from sglang_dsa_fix.proof.replay import installed_form, installed_version
 
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 register_cuda_ci(est_time=60, suite="stage-b-test-small-1-gpu")
 
 FULL = os.environ.get("SGLANG_DSA_FIX_FULL") == "1"
 VERSION = installed_version()
+FORM = installed_form()  # the release's form, as its files show it
 SIZING = row_overflow.sizing_module()
 # 0.5.9 - 0.5.12 size the row inline in ModelRunner: no function to drive, patch or hook.
 sized_by_function = unittest.skipIf(SIZING is None, "this release sizes the req_to_token row inline")
@@ -82,10 +83,10 @@ class TestPristineRowOverflow(CustomTestCase):
         for case in cases():
             with self.subTest(case=case):
                 result = row_overflow.run(case)
-                expected = width.row_overflow_columns(VERSION, shape_of(case))
+                expected = width.row_overflow_columns(FORM, shape_of(case))
                 if case.accept_len == 1 and case.context_len - 2 - case.prompt_len >= 2:
                     # accept 1 reaches the bound: the last prepare sees context_len - margin.
-                    margin = width.committed_margin(VERSION, case.overlap)
+                    margin = width.committed_margin(FORM, case.overlap)
                     self.assertEqual(result.last_committed, case.context_len - margin)
                     self.assertEqual(result.columns_past_row_end, expected)
                 else:
@@ -97,7 +98,7 @@ class TestPristineRowOverflow(CustomTestCase):
 
     def test_d8_overwrites_the_neighbour_on_0_5_14(self):
         result = row_overflow.run(row_overflow.RowCase(256, 8, 1, True, 100))
-        expected = width.row_overflow_columns(VERSION, shape_of(result.case))
+        expected = width.row_overflow_columns(FORM, shape_of(result.case))
         self.assertEqual((result.columns_past_row_end, result.canary_clobbered), (expected, expected))
         if VERSION in ("0.5.13", "0.5.14"):
             self.assertEqual(expected, 1)
@@ -107,7 +108,7 @@ class TestPristineRowOverflow(CustomTestCase):
         # The observer itself: a write into the neighbour row must be counted.
         result = row_overflow.run(row_overflow.RowCase(256, 7, 1, True, 100))
         self.assertTrue(result.clean, result)  # D 7 fits on every release
-        reserve = width.reserve_per_decode(shape_of(result.case), VERSION)
+        reserve = width.reserve_per_decode(shape_of(result.case), FORM)
         self.assertEqual(result.furthest_column, result.last_committed + reserve - 1)
 
 
@@ -123,8 +124,8 @@ class _FixedRowTests:
                 self.assertEqual(
                     result.row_extra,
                     max(
-                        width.pristine_row_extra(VERSION, shape_of(case)),
-                        width.row_extra_floor(2 * width.alloc_len_per_decode(shape_of(case))),
+                        width.pristine_row_extra(FORM, shape_of(case)),
+                        width.row_extra_floor(2 * width.alloc_len_per_decode(shape_of(case), FORM)),
                     ),
                 )
 
@@ -215,33 +216,30 @@ class TestRowRuleAgainstSglang(CustomTestCase):
             ):
                 call = row_overflow.sizing_args(published)
                 self.assertEqual(
-                    SIZING.get_req_to_token_extra_context_len(*call), width.pristine_row_extra(VERSION, shape)
+                    SIZING.get_req_to_token_extra_context_len(*call), width.pristine_row_extra(FORM, shape)
                 )
                 self.assertEqual(
-                    SIZING.get_alloc_reserve_per_decode(*call), width.reserve_per_decode(shape, VERSION)
+                    SIZING.get_alloc_reserve_per_decode(*call), width.reserve_per_decode(shape, FORM)
                 )
 
 
 @sized_by_function
-@unittest.skipUnless(
-    width.page_aligns_reservation(VERSION), "nxt is rounded to the allocator page from 0.5.16"
-)
+@unittest.skipUnless(FORM.page_aligns_reservation, "nxt is rounded to the allocator page from 0.5.16")
 class TestDcpRowOverflow(CustomTestCase):
     """Decode context parallel: the allocator pages page_size x dcp_size and the prepare rounds
-    nxt up to that page (0.5.17 speculative/eagle_utils.py:889-907), while 0.5.16 - 0.5.22 size
-    the row with page_size - 1 only; 0.5.23 sizes it by get_alloc_page_size(). DSA's page 64
-    with dcp 2, EAGLE D 4: the pristine row of 0.5.16 - 0.5.22 is short by the rule's count (57
-    columns at context 256); 0.5.23's is not; both fixes hold it on every release."""
+    nxt up to that page (0.5.17 speculative/eagle_utils.py:889-907), while 0.5.16 - 0.5.18 size
+    the row with page_size - 1 only; 0.5.19+ size it by get_alloc_page_size() (0.5.19
+    mem_cache/allocation_sizing.py:11-14, :90-95). DSA's page 64 with dcp 2, EAGLE D 4: the
+    pristine row of 0.5.16 - 0.5.18 is short by the rule's count (57 columns at context 256);
+    0.5.19+'s is not; both fixes hold it on every release that passes server_args."""
 
     def case(self, dcp: int):
         return row_overflow.RowCase(256, 4, 64, True, 100, dcp_size=dcp)
 
     def expected(self, result) -> int:
         case = result.case
-        reserve = width.reserve_per_decode(shape_of(case), VERSION)
-        need = width.required_row_extra(
-            reserve, case.alloc_page, VERSION, case.overlap, True, case.context_len
-        )
+        reserve = width.reserve_per_decode(shape_of(case), FORM)
+        need = width.required_row_extra(reserve, case.alloc_page, FORM, case.overlap, True, case.context_len)
         return max(0, need - result.row_extra)
 
     def test_pristine_row_against_the_rule(self):
@@ -250,7 +248,7 @@ class TestDcpRowOverflow(CustomTestCase):
                 result = row_overflow.run(self.case(dcp))
                 expected = self.expected(result)
                 self.assertEqual((result.columns_past_row_end, result.canary_clobbered), (expected, expected))
-                if dcp == 1 or width.at_least(VERSION, (0, 5, 23)):
+                if dcp == 1 or FORM.row_holds_alloc_page:
                     self.assertEqual(expected, 0)
                 elif dcp == 2:
                     self.assertEqual(expected, 57)  # ceil_128(252 + 8) = 384 against 256 + 71
@@ -288,7 +286,7 @@ class TestDflashRowOverflow(CustomTestCase):
 
     def test_pristine_block_16_page_1_writes_into_the_next_row(self):
         result = row_overflow.run(self.case(1))
-        expected = width.row_overflow_columns(VERSION, shape_of(result.case))
+        expected = width.row_overflow_columns(FORM, shape_of(result.case))
         self.assertEqual(expected, 8)  # 2 x 16 - (4 + 16) - 4: no bonus pre-claim, on 0.5.14 too
         self.assertEqual(result.last_committed, 256 - 4)
         self.assertEqual((result.columns_past_row_end, result.canary_clobbered), (8, 8))
@@ -325,7 +323,7 @@ class TestInlineSizedRowOverflow(CustomTestCase):
             case = row_overflow.RowCase(256, D, page, True, 100)
             with self.subTest(D=D, page=page):
                 result = row_overflow.run(case, lambda *args, D=D: 4 + D)
-                expected = width.row_overflow_columns(VERSION, shape_of(case))
+                expected = width.row_overflow_columns(FORM, shape_of(case))
                 self.assertEqual(result.columns_past_row_end, expected)
                 self.assertEqual(result.canary_clobbered, expected)
                 overflowing += expected > 0
@@ -339,7 +337,7 @@ class TestInlineSizedRowOverflow(CustomTestCase):
                 with self.subTest(D=D, page=page):
                     result = row_overflow.run(case, patched.sizing_function)
                     self.assertTrue(result.clean, result)
-                    self.assertEqual(result.row_extra, width.fixed_row_extra(VERSION, shape_of(case)))
+                    self.assertEqual(result.row_extra, width.fixed_row_extra(FORM, shape_of(case)))
 
 
 if __name__ == "__main__":

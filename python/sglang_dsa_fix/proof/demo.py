@@ -71,7 +71,7 @@ def page_table_table(backend_cls, patched_cls, case) -> bool:
     return bool(crashed) and not failures
 
 
-def row_table(version, patched_sizing) -> bool:
+def row_table(form, patched_sizing) -> bool:
     sizing = row_overflow.sizing_module()
     hook = runtime_fix.row_extra_fix(sizing.__name__)
     original = sizing.get_req_to_token_extra_context_len
@@ -89,7 +89,7 @@ def row_table(version, patched_sizing) -> bool:
     for D in ROW_DRAFT_TOKENS:
         for page in (1, 64):
             case = row_overflow.RowCase(256, D, page, True, 100)
-            expected = width.row_overflow_columns(version, width.SpecShape(256, D, D - 1, page_size=page))
+            expected = width.row_overflow_columns(form, width.SpecShape(256, D, D - 1, page_size=page))
             results = [row_overflow.run(case, f) for f in (runtime_sizing, patched_sizing, None)]
             fixed_runtime, fixed_in_tree, pristine = results
             print(
@@ -116,7 +116,7 @@ def run(context_len: int, num_draft_tokens: int, page_size: int, bs: int, device
         case = replay.Case(context_len, num_draft_tokens, page_size, bs, device)
         ok = page_table_table(backend_cls, patched.backend_class, case)
         if patched.sizing_function is not None and device == "cpu":
-            ok &= row_table(tree.version, patched.sizing_function)
+            ok &= row_table(sites.release_form(read)[0], patched.sizing_function)
     unchanged = _digests(files) == before
     print(f"installed files {'unchanged' if unchanged else 'CHANGED'}: {', '.join(p.name for p in files)}")
     print("demo:", "as expected" if ok and unchanged else "NOT as expected")

@@ -74,6 +74,13 @@ def installed_version():
     return tree.find_tree(None).version
 
 
+def installed_form():
+    """The importable sglang's ``release.Form``, as its files show it (``sites.release_form``)."""
+    from sglang_dsa_fix import sites, snapshot, tree
+
+    return sites.release_form(snapshot.read(tree.find_tree(None), lock=False))[0]
+
+
 def req_to_token_width(case: Case) -> int:
     """Row width of req_to_token for this case, from sglang's own sizing where it exists."""
     try:  # 0.5.13+: mem_cache/common.py:251
@@ -82,7 +89,7 @@ def req_to_token_width(case: Case) -> int:
         shape = width.SpecShape(
             case.context_len, case.num_draft_tokens, case.num_draft_tokens - 1, page_size=case.page_size
         )
-        return case.context_len + width.pristine_row_extra("0.5.12", shape)
+        return case.context_len + width.pristine_row_extra(installed_form(), shape)
     server_args = SimpleNamespace(
         max_speculative_num_draft_tokens=case.num_draft_tokens,
         speculative_num_steps=case.num_draft_tokens - 1,
