@@ -362,7 +362,7 @@ class WorkDir:
     O_NOFOLLOW, so neither the directory renamed away and replaced by a symlink nor a symlink
     planted under the file's name is written through."""
 
-    def __init__(self, directory):  # a sglang_dsa_fix.safe_files.Dir
+    def __init__(self, directory):  # a sglang_dsa_fix.snapshot.Dir
         self.dir = directory
         self.path = Path(directory.path)
 
@@ -398,7 +398,7 @@ def private_work_dir(prefix: str, parent: str | None = None) -> WorkDir:
     (sticky and owned by root). The rule is ``sglang_dsa_fix.safe_files.changeable_by_others``,
     the one ``apply`` and ``status`` hold as root. Then every step goes through directory fds:
     the missing parents and the new directory are made with mkdirat and opened with O_NOFOLLOW."""
-    from sglang_dsa_fix import safe_files
+    from sglang_dsa_fix import safe_files, snapshot
 
     trusted = {0, os.geteuid()}
     given = parent or tempfile.gettempdir()
@@ -429,7 +429,7 @@ def private_work_dir(prefix: str, parent: str | None = None) -> WorkDir:
                         break
             else:
                 raise WorkDirError(f"{given}: no free directory name for {prefix}*")
-            sub = safe_files.subdir(directory, made)
+            sub = snapshot.subdir(directory, made)
             if sub is None:
                 raise WorkDirError(f"{given}: {directory.path}/{made} is not a directory (a symlink?)")
             found = safe_files.resolve_checked(sub.path, trusted, want_dir=True)[0]

@@ -348,16 +348,14 @@ class TestBadInput(PatchToolTestCase):
         # As root nothing is unreadable, so the OS error is injected where the tool reads.
         from unittest import mock
 
-        from sglang_dsa_fix import safe_files
-
-        real_read = safe_files.read_at
+        real_read = snapshot.read_at
 
         def read_at(loc):
             if loc.name == self.backend.name:
                 raise PermissionError(13, "Permission denied", str(loc))
             return real_read(loc)
 
-        with mock.patch.object(safe_files, "read_at", read_at):
+        with mock.patch.object(snapshot, "read_at", read_at):
             for command in ("check", "apply", "diff", "status"):
                 with self.subTest(command=command):
                     self.assertRefused(command, "cannot read (Permission denied)")

@@ -63,17 +63,17 @@ def _backup(view: FileView) -> Optional[bytes]:
     return view.backup
 
 
-def _stale_backup_advice(site: Site) -> str:
+def _stale_backup_advice(view: FileView) -> str:
     return (
         f"if sglang was upgraded or reinstalled since, that backup is stale: `rm "
-        f"{snapshot.backup_path(site.path)}` and run `sglang-dsa-fix check` again"
+        f"{view.backup_path}` and run `sglang-dsa-fix check` again"
     )
 
 
-def _state(files: TreeFiles, bug: Bug) -> BugState:
-    site = sites.LOCATORS[bug](files)
+def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
+    site = found.sites[bug]
     if site is None:
-        if bug is Bug.ROW_OVERFLOW and sites.has_spec_v2_reservation(files):
+        if bug is Bug.ROW_OVERFLOW and found.spec_v2:
             return BugState(
                 bug,
                 Verdict.NOT_COVERED,
@@ -86,19 +86,18 @@ def _state(files: TreeFiles, bug: Bug) -> BugState:
             )
         what = "no DSA/NSA backend" if bug is Bug.PAGE_TABLE else "no spec-v2 decode reservation"
         return BugState(bug, Verdict.NOT_APPLICABLE, detail=what)
-    view = files.view_of(site.path)
+    view = next(view for view in files.views.values() if view.path == site.path)
     if site.patched_here:
-        backup = snapshot.backup_path(site.path)
         original = _backup(view)
         if original is not None:
-            original_site = sites.site_in(site, files, original)
+            original_site = found.originals[bug]
             matches = original_site is not None and (
                 site.legacy or original_site.patched_bytes() == site.data
             )
             if not matches or original_site.patched_here:
                 raise ToolError(
-                    f"{site.path}: changed since sglang-dsa-fix applied it ({backup.name} no "
-                    f"longer matches): not touching it; {_stale_backup_advice(site)}"
+                    f"{site.path}: changed since sglang-dsa-fix applied it ({view.backup_path.name} no "
+                    f"longer matches): not touching it; {_stale_backup_advice(view)}"
                 )
         stale = stale_bytecode(view.bytecode, site.data)
         verdict = Verdict.STALE_BYTECODE if stale else Verdict.FIXED_IN_TREE
@@ -120,21 +119,22 @@ def _state(files: TreeFiles, bug: Bug) -> BugState:
         return BugState(bug, Verdict.FIXED_UPSTREAM, site, detail=held)
     if site.unknown:
         return BugState(bug, Verdict.NOT_COVERED, site, detail=site.unknown)
-    backup = snapshot.backup_path(site.path)
     if _backup(view) not in (None, site.data):
         # (A backup equal to the file is what an interrupted apply or revert leaves: apply
         # rewrites it, revert removes it.)
         raise ToolError(
-            f"{site.path}: {backup.name} exists but the file neither carries the fix nor "
-            f"matches it: changed since sglang-dsa-fix applied it; not touching it; {_stale_backup_advice(site)}"
+            f"{site.path}: {view.backup_path.name} exists but the file neither carries the fix nor "
+            f"matches it: changed since sglang-dsa-fix applied it; not touching it; {_stale_backup_advice(view)}"
         )
     detail = f"this row sizing is affected {site.affected_when}" if site.affected_when else ""
     return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
 
 
-def states(files: TreeFiles) -> list:
-    """One BugState per bug. ToolError when a file is not recognised or was hand-edited."""
-    return [_state(files, bug) for bug in Bug]
+def states(files: TreeFiles, found: Optional[sites.Found] = None) -> list:
+    """One BugState per bug (``found``: ``sites.find(files)``, when the caller has it). ToolError
+    when a file is not recognised or was hand-edited."""
+    found = sites.find(files) if found is None else found
+    return [_state(files, found, bug) for bug in Bug]
 
 
 @dataclass
@@ -157,7 +157,8 @@ def read_tree(tree: SglangTree) -> TreeReport:
     """The tree step of the verdict flow (``status.collect``): one read under the shared lock,
     then the states and the release the files say, from that read alone."""
     files = snapshot.read(tree)
-    return TreeReport(files, states(files), *sites.release_form(files))
+    found = sites.find(files)
+    return TreeReport(files, states(files, found), found.form, found.form_note)
 
 
 def check(tree: SglangTree, wait: bool = True, use_backups: bool = True) -> list:

@@ -1,13 +1,13 @@
-"""Read and write the files of an sglang tree through directory file descriptors.
+"""Write the files of an sglang tree through directory file descriptors, and say where root may.
 
 Why: ``apply`` / ``revert`` may run as root on a tree another user can write to (a shared venv,
 a group-writable checkout). A path looked up again at every step (realpath, read, a temp file in
 the parent, rename) lets that user flip a symlink between two steps so that root's write lands on
 a file of their choosing. Here a path is resolved once, one component at a time from ``/`` with
 O_NOFOLLOW (symlinks are followed by hand, so every directory that decided where the path leads is
-known and open); after that, reading, the temp file, the rename and unlinking all happen relative
-to the directory fd it led to, and a file read is checked to be the inode that was looked up.
-Nothing is ever written in place: a new file (O_CREAT|O_EXCL|O_NOFOLLOW) is renamed over the name.
+known and open: ``snapshot.locate``); after that, reading, the temp file, the rename and
+unlinking all happen relative to the directory fd it led to, and a file read is checked to be the
+inode that was looked up (``snapshot.read_at``). Nothing is ever written in place: a new file (O_CREAT|O_EXCL|O_NOFOLLOW) is renamed over the name.
 
 As root, ``check_place`` refuses, like sudo and sshd, a write whose place a user other than root
 or the tree's owner could have chosen (``--allow-unsafe-dirs`` accepts it inside the tree), and
@@ -23,179 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fnmatch
 import grp
 import os
 import pwd
 import secrets
 import stat
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from sglang_dsa_fix.errors import ToolError
-
-MAX_SYMLINKS = 40  # the kernel's limit before ELOOP
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# O_NONBLOCK: a FIFO planted under a file's name must not hang the tool (it is refused below).
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-class Dir:
-    """An open directory: its fd, the path it was reached by (no symlink in it) and its fstat."""
-
-    def __init__(self, fd: int, path: str):
-        self.fd = fd
-        self.path = path
-        self.st = os.fstat(fd)
-        weakref.finalize(self, os.close, fd)  # closed with the last reference
-
-
-@dataclass
-class File:
-    """A name in an open directory; ``st`` is its lstat when looked up (None: nothing there)."""
-
-    dir: Dir
-    name: str
-    st: Optional[os.stat_result]
-    via: tuple  # every Dir whose entries decided where the path led (for check_place)
-
-    @property
-    def path(self) -> Path:
-        return Path(self.dir.path) / self.name
-
-    def __str__(self) -> str:
-        return str(self.path)
-
-    def sibling(self, name: str) -> File:
-        """Another name in the same directory (a backup beside the file)."""
-        return File(self.dir, name, _lstat(self.dir, name), self.via)
-
-
-def _lstat(directory: Dir, name: str) -> Optional[os.stat_result]:
-    try:
-        return os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-
-
-def _parts(path: str) -> list:
-    return [p for p in path.split("/") if p not in ("", ".")][::-1]  # reversed: pop() is next
-
-
-def _walk(path, want_dir: bool, links_seen: Optional[list] = None):
-    """Resolve ``path`` as the kernel would, but by hand: (final Dir, via) or a File.
-    ``links_seen`` collects (path, lstat) of each symlink followed."""
-    path = os.fspath(path)
-    if not path.startswith("/"):
-        path = os.path.join(os.getcwd(), path)
-    root = Dir(os.open("/", _DIR_FLAGS), "/")
-    stack, via, todo, links = [root], [root], _parts(path), 0
-    while todo:
-        part = todo.pop()
-        if part == "..":
-            if len(stack) > 1:
-                stack.pop()
-            continue
-        here = stack[-1]
-        st = _lstat(here, part)
-        if st is not None and stat.S_ISLNK(st.st_mode):
-            links += 1
-            if links > MAX_SYMLINKS:
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-            if links_seen is not None:
-                links_seen.append((os.path.join(here.path, part), st))
-            target = os.readlink(part, dir_fd=here.fd)
-            if target.startswith("/"):
-                del stack[1:]
-            todo += _parts(target)
-            continue
-        if not todo and not want_dir:
-            return File(here, part, st, tuple(via))
-        if st is None:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        # O_NOFOLLOW: swapped for a symlink since the lstat above -> ELOOP/ENOTDIR, not followed.
-        sub = Dir(os.open(part, _DIR_FLAGS, dir_fd=here.fd), os.path.join(here.path, part))
-        stack.append(sub)
-        via.append(sub)
-    return stack[-1], tuple(via)
-
-
-def locate(path) -> File:
-    """Where ``path`` leads now (symlinks followed once): a name in an open directory."""
-    return _walk(path, want_dir=False)
-
-
-def open_dir(path) -> Dir:
-    return _walk(path, want_dir=True)[0]
-
-
-def subdir(directory: Dir, name: str) -> Optional[Dir]:
-    """``name`` inside ``directory`` when it is a real directory (a symlink is not followed)."""
-    try:
-        return Dir(os.open(name, _DIR_FLAGS, dir_fd=directory.fd), os.path.join(directory.path, name))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return None
-        raise
-
-
-def matching(directory: Dir, pattern: str) -> list:
-    """Files (not directories) in ``directory`` whose name matches a glob ``pattern``."""
-    found = []
-    for name in sorted(os.listdir(directory.fd)):
-        if fnmatch.fnmatchcase(name, pattern):
-            st = _lstat(directory, name)
-            if st is not None and not stat.S_ISDIR(st.st_mode):
-                found.append(File(directory, name, st, (directory,)))
-    return found
-
-
-# ------------------------------------------------------------------------------ reading
-
-
-def read_at(loc: File) -> tuple:
-    """(bytes, metadata) of the regular file at ``loc``, read through one fd that is checked to
-    be the inode looked up (a file swapped in between is refused, not read)."""
-    fd = os.open(loc.name, _READ_FLAGS, dir_fd=loc.dir.fd)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(loc))
-        if loc.st is None or (st.st_dev, st.st_ino) != (loc.st.st_dev, loc.st.st_ino):
-            raise _replaced(loc)
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read()
-        xattrs, names = {}, []
-        with contextlib.suppress(OSError):  # a filesystem without xattrs
-            names = os.listxattr(fd)
-        for name in names:
-            with contextlib.suppress(OSError):
-                xattrs[name] = os.getxattr(fd, name)
-        metadata = {"uid": st.st_uid, "gid": st.st_gid, "mode": stat.S_IMODE(st.st_mode), "xattrs": xattrs}
-        return data, metadata
-    finally:
-        os.close(fd)
-
-
-def read(path) -> bytes:
-    return read_at(locate(path))[0]
-
-
-def read_existing(loc: File) -> Optional[bytes]:
-    """The bytes at ``loc`` now, or None when nothing is there."""
-    return None if loc.st is None else read_at(loc)[0]
-
+from sglang_dsa_fix.snapshot import Dir, File, lstat_at, matching, replaced_error, subdir, walk
 
 # ------------------------------------------------------------------------------ writing
-
-
-def _replaced(loc: File) -> OSError:
-    # An OSError like any other I/O failure: callers say "cannot read / write / remove (...)".
-    return OSError(errno.ESTALE, "replaced by another file while sglang-dsa-fix ran", str(loc))
 
 
 def _ident(st: Optional[os.stat_result]):
@@ -204,8 +44,8 @@ def _ident(st: Optional[os.stat_result]):
 
 def _expect(loc: File) -> None:
     """The name still holds the inode looked up (or still nothing): checked before each change."""
-    if _ident(_lstat(loc.dir, loc.name)) != _ident(loc.st):
-        raise _replaced(loc)
+    if _ident(lstat_at(loc.dir, loc.name)) != _ident(loc.st):
+        raise replaced_error(loc)
 
 
 def replace(loc: File, data: bytes, metadata: dict) -> None:
@@ -394,10 +234,10 @@ def resolve_checked(path, trusted, want_dir: bool):
     where it leads and what it leads to, or None; the Dir it leads to when ``want_dir``)."""
     links = []
     if want_dir:
-        target, via = _walk(path, True, links)
+        target, via = walk(path, True, links)
         last = (target.path, target.st)
     else:
-        loc = _walk(path, False, links)
+        loc = walk(path, False, links)
         target, via = None, loc.via
         if loc.st is None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(loc))
@@ -409,7 +249,7 @@ def resolve_checked(path, trusted, want_dir: bool):
 def _entries(directory: Dir):
     """(path, lstat) of every name in ``directory`` (one that vanished meanwhile left out)."""
     for name in sorted(os.listdir(directory.fd)):
-        st = _lstat(directory, name)
+        st = lstat_at(directory, name)
         if st is not None:
             yield name, os.path.join(directory.path, name), st
 
@@ -452,7 +292,7 @@ def _link(directory: Dir, name: str, trusted, places: dict):
     if where not in places:
         places[where] = resolve_checked(where, trusted, want_dir=True)
     found, holder = places[where]
-    st = _lstat(holder, tail)
+    st = lstat_at(holder, tail)
     if found or st is None:
         return found, None
     if stat.S_ISLNK(st.st_mode):  # a chain of links: resolved whole

@@ -467,3 +467,28 @@ def site_in(site: Site, files: TreeFiles, data: bytes) -> Optional[Site]:
         return LOCATORS[site.bug](files, data)
     except ToolError:
         return None
+
+
+@dataclass(frozen=True)
+class Found:
+    """What one tree's files hold, for ``classify``: per bug its site (None: none here) and,
+    where the file carries this tool's change and its backup was read, the site in the backup
+    (None: the backup is not a form this tool made); the release's form."""
+
+    sites: dict
+    originals: dict
+    spec_v2: bool  # the spec-v2 decode reservation is there at all (``has_spec_v2_reservation``)
+    form: release.Form
+    form_note: str
+
+
+def find(files: TreeFiles) -> Found:
+    """Every site and the release's form, from the files read. ToolError if unrecognised."""
+    located = {bug: LOCATORS[bug](files) for bug in Bug}
+    views = {view.path: view for view in files.views.values()}
+    originals = {
+        bug: site_in(site, files, views[site.path].backup)
+        for bug, site in located.items()
+        if site is not None and site.patched_here and views[site.path].backup is not None
+    }
+    return Found(located, originals, has_spec_v2_reservation(files), *release_form(files))

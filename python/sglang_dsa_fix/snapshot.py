@@ -13,15 +13,18 @@ file": it must not read as "no DSA backend".
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import fnmatch
 import os
 import stat
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import release, safe_files
+from sglang_dsa_fix import release
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.tree import SglangTree
 
@@ -37,6 +40,7 @@ class FileView:
     path: Path  # the file inside the tree (may be a symlink)
     data: Optional[bytes]
     backup: Optional[bytes] = None  # this tool's backup beside the file the path leads to
+    backup_path: Optional[Path] = None  # where that backup is (or would be)
     # A backup that could not be read (planted FIFO, symlink, no permission): raised only where
     # the backup matters (``classify``), as the one-line error it has always been.
     backup_error: Optional[OSError] = None
@@ -50,9 +54,6 @@ class TreeFiles:
     tree: SglangTree
     views: dict
     use_backups: bool = True  # False: backups were not read (the plugin judges each file alone)
-
-    def view_of(self, path: Path) -> FileView:
-        return next(view for view in self.views.values() if view.path == path)
 
     def view(self, relative: str) -> FileView:
         return self.views[relative]
@@ -95,11 +96,11 @@ def read(tree: SglangTree, use_backups: bool = True, lock: bool = True) -> TreeF
         backup, error = None, None
         if use_backups:
             try:
-                loc = safe_files.locate(path)
-                backup = safe_files.read_existing(loc.sibling(loc.name + BACKUP_SUFFIX))
+                loc = locate(path)
+                backup = read_existing(loc.sibling(loc.name + BACKUP_SUFFIX))
             except OSError as exc:
                 error = exc
-        views[relative] = FileView(path, data, backup, error, _bytecode_headers(path))
+        views[relative] = FileView(path, data, backup, backup_path(path), error, _bytecode_headers(path))
     return TreeFiles(tree, views, use_backups)
 
 
@@ -116,7 +117,7 @@ def _is_file(path: Path) -> bool:
 
 def _read(path: Path) -> bytes:
     try:
-        return safe_files.read(path)  # through one fd, checked to be the file looked up
+        return read_file(path)  # through one fd, checked to be the file looked up
     except OSError as exc:
         raise ToolError(f"{path}: cannot read ({exc.strerror})") from None
 
@@ -147,7 +148,7 @@ def locked(tree: SglangTree, exclusive: bool):
     """flock on the ``sglang`` directory itself: serialises runs, creates no file. Yields that
     directory, open (what ``safe_files.check_place`` calls inside the tree)."""
     try:
-        package = safe_files.open_dir(tree.package)
+        package = open_dir(tree.package)
     except OSError as exc:
         raise ToolError(f"{tree.package}: cannot open ({exc.strerror})") from None
     deadline = time.monotonic() + LOCK_TIMEOUT_S
@@ -166,3 +167,166 @@ def locked(tree: SglangTree, exclusive: bool):
         yield package
     finally:
         fcntl.flock(package.fd, fcntl.LOCK_UN)  # the fd itself closes with its last reference
+
+
+# ------------------------------------------------------------------------------ reading through fds
+# A path is resolved once, one component at a time from ``/`` with O_NOFOLLOW (symlinks are
+# followed by hand, so every directory that decided where the path leads is known and open); a
+# file is then read through one fd, checked to be the inode that was looked up. ``safe_files``
+# writes through the same ``Dir`` / ``File``.
+
+
+MAX_SYMLINKS = 40  # the kernel's limit before ELOOP
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted under a file's name must not hang the tool (it is refused below).
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class Dir:
+    """An open directory: its fd, the path it was reached by (no symlink in it) and its fstat."""
+
+    def __init__(self, fd: int, path: str):
+        self.fd = fd
+        self.path = path
+        self.st = os.fstat(fd)
+        weakref.finalize(self, os.close, fd)  # closed with the last reference
+
+
+@dataclass
+class File:
+    """A name in an open directory; ``st`` is its lstat when looked up (None: nothing there)."""
+
+    dir: Dir
+    name: str
+    st: Optional[os.stat_result]
+    via: tuple  # every Dir whose entries decided where the path led (for check_place)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir.path) / self.name
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def sibling(self, name: str) -> File:
+        """Another name in the same directory (a backup beside the file)."""
+        return File(self.dir, name, lstat_at(self.dir, name), self.via)
+
+
+def lstat_at(directory: Dir, name: str) -> Optional[os.stat_result]:
+    try:
+        return os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _parts(path: str) -> list:
+    return [p for p in path.split("/") if p not in ("", ".")][::-1]  # reversed: pop() is next
+
+
+def walk(path, want_dir: bool, links_seen: Optional[list] = None):
+    """Resolve ``path`` as the kernel would, but by hand: (final Dir, via) or a File.
+    ``links_seen`` collects (path, lstat) of each symlink followed."""
+    path = os.fspath(path)
+    if not path.startswith("/"):
+        path = os.path.join(os.getcwd(), path)
+    root = Dir(os.open("/", _DIR_FLAGS), "/")
+    stack, via, todo, links = [root], [root], _parts(path), 0
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            if len(stack) > 1:
+                stack.pop()
+            continue
+        here = stack[-1]
+        st = lstat_at(here, part)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+            if links_seen is not None:
+                links_seen.append((os.path.join(here.path, part), st))
+            target = os.readlink(part, dir_fd=here.fd)
+            if target.startswith("/"):
+                del stack[1:]
+            todo += _parts(target)
+            continue
+        if not todo and not want_dir:
+            return File(here, part, st, tuple(via))
+        if st is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        # O_NOFOLLOW: swapped for a symlink since the lstat above -> ELOOP/ENOTDIR, not followed.
+        sub = Dir(os.open(part, _DIR_FLAGS, dir_fd=here.fd), os.path.join(here.path, part))
+        stack.append(sub)
+        via.append(sub)
+    return stack[-1], tuple(via)
+
+
+def locate(path) -> File:
+    """Where ``path`` leads now (symlinks followed once): a name in an open directory."""
+    return walk(path, want_dir=False)
+
+
+def open_dir(path) -> Dir:
+    return walk(path, want_dir=True)[0]
+
+
+def subdir(directory: Dir, name: str) -> Optional[Dir]:
+    """``name`` inside ``directory`` when it is a real directory (a symlink is not followed)."""
+    try:
+        return Dir(os.open(name, _DIR_FLAGS, dir_fd=directory.fd), os.path.join(directory.path, name))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
+
+
+def matching(directory: Dir, pattern: str) -> list:
+    """Files (not directories) in ``directory`` whose name matches a glob ``pattern``."""
+    found = []
+    for name in sorted(os.listdir(directory.fd)):
+        if fnmatch.fnmatchcase(name, pattern):
+            st = lstat_at(directory, name)
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                found.append(File(directory, name, st, (directory,)))
+    return found
+
+
+def read_at(loc: File) -> tuple:
+    """(bytes, metadata) of the regular file at ``loc``, read through one fd that is checked to
+    be the inode looked up (a file swapped in between is refused, not read)."""
+    fd = os.open(loc.name, _READ_FLAGS, dir_fd=loc.dir.fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(loc))
+        if loc.st is None or (st.st_dev, st.st_ino) != (loc.st.st_dev, loc.st.st_ino):
+            raise replaced_error(loc)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read()
+        xattrs, names = {}, []
+        with contextlib.suppress(OSError):  # a filesystem without xattrs
+            names = os.listxattr(fd)
+        for name in names:
+            with contextlib.suppress(OSError):
+                xattrs[name] = os.getxattr(fd, name)
+        metadata = {"uid": st.st_uid, "gid": st.st_gid, "mode": stat.S_IMODE(st.st_mode), "xattrs": xattrs}
+        return data, metadata
+    finally:
+        os.close(fd)
+
+
+def read_file(path) -> bytes:
+    return read_at(locate(path))[0]
+
+
+def read_existing(loc: File) -> Optional[bytes]:
+    """The bytes at ``loc`` now, or None when nothing is there."""
+    return None if loc.st is None else read_at(loc)[0]
+
+
+def replaced_error(loc: File) -> OSError:
+    # An OSError like any other I/O failure: callers say "cannot read / write / remove (...)".
+    return OSError(errno.ESTALE, "replaced by another file while sglang-dsa-fix ran", str(loc))

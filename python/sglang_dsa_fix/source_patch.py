@@ -62,9 +62,9 @@ def _reading(fallback):
 def _locate_for_rewrite(path: Path, expected: bytes, package, allow_unsafe_dirs: bool) -> tuple:
     """(File, metadata) of the file ``path`` leads to: located once, a place root may write,
     writable, and still holding ``expected`` (what inspect judged)."""
-    loc = safe_files.locate(path)
+    loc = snapshot.locate(path)
     safe_files.check_place(path, loc, package, allow_unsafe_dirs)
-    data, metadata = safe_files.read_at(loc)
+    data, metadata = snapshot.read_at(loc)
     problem = safe_files.writable_error(loc)
     if problem:
         raise ToolError(problem)
@@ -75,8 +75,8 @@ def _locate_for_rewrite(path: Path, expected: bytes, package, allow_unsafe_dirs:
 
 def _bytecode_beside(loc, path: Path) -> list:
     """``path``'s .pyc files in the ``__pycache__`` beside the file it leads to (not through a symlink)."""
-    cache = safe_files.subdir(loc.dir, "__pycache__")
-    return [] if cache is None else safe_files.matching(cache, f"{path.stem}.*.pyc")
+    cache = snapshot.subdir(loc.dir, "__pycache__")
+    return [] if cache is None else snapshot.matching(cache, f"{path.stem}.*.pyc")
 
 
 def _write(loc, data: bytes, metadata: dict) -> None:
@@ -116,7 +116,7 @@ def _transaction(writes) -> None:
     done = []
     for loc, new, metadata in writes:
         try:
-            old = safe_files.read_existing(loc)
+            old = snapshot.read_existing(loc)
             _write(loc, new, metadata)
         except OSError as exc:
             # Own names in this loop: the error is about ``loc``, the file that failed.
@@ -158,7 +158,7 @@ def apply(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
                 writes += [(backup, state.site.data, metadata), (loc, new, metadata)]
                 pycs += _bytecode_beside(loc, path)
             for state in stale:
-                loc = safe_files.locate(state.site.path)
+                loc = snapshot.locate(state.site.path)
                 safe_files.check_place(state.site.path, loc, package, allow_unsafe_dirs)
                 for pyc in _bytecode_beside(loc, state.site.path):
                     problem = safe_files.writable_error(pyc)
@@ -189,15 +189,15 @@ def revert(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
             # leaves. Nothing to restore; remove them too.
             for state in found:
                 if state.verdict is Verdict.AFFECTED and state.site is not None:
-                    loc = safe_files.locate(state.site.path)
+                    loc = snapshot.locate(state.site.path)
                     backup = loc.sibling(loc.name + BACKUP_SUFFIX)
-                    if safe_files.read_existing(backup) == state.site.data:
+                    if snapshot.read_existing(backup) == state.site.data:
                         backups.append(backup)
             for state in ours:
                 path = state.site.path
                 loc, metadata = _locate_for_rewrite(path, state.site.data, package, allow_unsafe_dirs)
                 backup = loc.sibling(loc.name + BACKUP_SUFFIX)
-                if safe_files.read_existing(backup) != state.original:
+                if snapshot.read_existing(backup) != state.original:
                     raise ToolError(f"{backup.path}: changed while sglang-dsa-fix ran; nothing changed")
                 writes.append((loc, state.original, metadata))
                 backups.append(backup)
