@@ -38,6 +38,15 @@ only if every fixed variant completes every request and the pristine runs reprod
 
 No downloads: the model's config.json is written here, weights are dummy, input_ids go in.
 Needs a CUDA GPU with sglang 0.5.14 (scripts/gpu/env.sh sets up an offline host).
+
+``--smoke`` (CI, no GPU) runs this parent as it is (every variant prepared, one worker process
+each, the phases, the rows, the ratios, the table, --output-file) with tiny sizes (1 warm-up and
+3 control rounds of 2 requests, a boundary phase of 2; all five variants unless --variants says
+otherwise), but the workers start no engine: a stand-in client answers each request with one
+token (``long_gen_worker.py --smoke``). Every row says ``"smoke": true``; its numbers are no
+figures and the crash / widening checks cannot hold. Exit 0 when every variant answered every phase.
+
+    python benchmark/dsa_eagle_long_gen.py --smoke [--output-file FILE]
 """
 
 from __future__ import annotations
@@ -96,6 +105,18 @@ FIXED_BY_PLUGIN = ("plugin", "watch")
 CRASH_PATTERN = re.compile(
     r"RuntimeError: The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)[^\n]*"
 )
+# --smoke: tiny sizes; no engine runs (long_gen_worker.py --smoke).
+SMOKE_SIZES = {
+    "warmup_reps": 1,
+    "control_reps": 3,
+    "control_requests": 2,
+    "control_max_new": 2,
+    "soak": 2,
+    "concurrency": 2,
+    "phase_timeout": 30,
+    "start_timeout": 60,
+    "control_until": 0,
+}
 
 
 # ---------------------------------------------------------------------------- parent
@@ -132,6 +153,8 @@ class GpuMemory:
                 self.samples.append((time.perf_counter(), int(fields[0]), int(fields[1])))
 
     def latest(self):
+        if self.process is None:  # no nvidia-smi: no sample will come
+            return None
         time.sleep(0.5)  # let a sample taken after the caller's event arrive
         return self.samples[-1][1] if self.samples else None
 
@@ -196,6 +219,7 @@ class Variant:
             start_new_session=True,
         )
         self.crash = None
+        self.poll_s = 0.05 if args.smoke else 0.5  # a smoke worker answers at once
         self.start_mib = self.peak_mib = None
         self.clocks = []  # mean SM MHz during each control rep
 
@@ -229,7 +253,7 @@ class Variant:
                 return False
             if self.process.poll() is not None:
                 return False
-            time.sleep(0.5)
+            time.sleep(self.poll_s)
         return False
 
     def send(self, command: str):
@@ -392,6 +416,7 @@ def summarize(variant: Variant, args, table_bytes: int) -> dict:
     itl = result.get("control_itl_ms") or {"p50": None, "p99": None}
     return {
         "variant": variant.name,
+        **({"smoke": True} if getattr(args, "smoke", False) else {}),
         "mode": "server" if args.server else "engine",
         "exit_code": variant.process.returncode,
         "start_s": result.get("start_s"),
@@ -477,10 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--variants",
-        default="none,plugin",
         help="comma list of none (installed sglang as is), none2 (a second pristine engine: the A/A "
         "control), apply (in-tree patch on a copy), plugin (this package's plugin), watch (plugin "
-        "with SGLANG_DSA_FIX_WATCH=1); default none,plugin",
+        "with SGLANG_DSA_FIX_WATCH=1); default none,plugin (with --smoke all five)",
     )
     add_engine_arguments(parser)
     parser.add_argument(
@@ -527,6 +551,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.smoke:
+        print("SMOKE RUN (--smoke): no engine starts; a stand-in client answers, nothing is a figure")
+        for name, value in SMOKE_SIZES.items():
+            setattr(args, name, value)
+    if args.variants is None:
+        args.variants = ",".join(VARIANTS) if args.smoke else "none,plugin"
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -543,6 +573,8 @@ def main(argv=None) -> int:
     add_control_ratios(rows)
 
     D = draft_tokens(args)
+    if args.smoke:
+        print("\nSMOKE RUN: no engine ran; every number below comes from a stand-in client, not a figure")
     print(
         f"\nEAGLE steps {args.speculative_num_steps}, topk 1, D {D}; context_length "
         f"{args.context_length}; concurrency {args.concurrency}; "
@@ -622,6 +654,12 @@ def main(argv=None) -> int:
             "NOT A VALID COMPARISON: the plugin's widening line or the watch's start-up line is "
             f"not where the variant says in the log of {', '.join(misrouted)}"
         )
+    if args.smoke:
+        answered = all(
+            r["control_reps"] == args.control_reps and r["boundary_completed"] == args.soak for r in rows
+        )
+        print(f"SMOKE RUN: the checks above cannot hold without an engine; every phase answered: {answered}")
+        return 0 if answered and len(rows) == len(variants) else 1
     return 0 if ok and reproduced and not misrouted else 1
 
 

@@ -5,7 +5,8 @@ A/A control ``none2`` with pristine ``none``, the watch with ``plugin``; the sam
 same file), pools the tok/s ratios over the files, and prints the median, p10 - p90 and a
 seeded bootstrap 95 % interval of the median (``bench_common.ratio_summary``, the code the
 benchmark itself reports with). ``--plot PNG`` draws per-rep tok/s per variant and the ratios
-(needs matplotlib: ``pip install matplotlib``).
+(needs matplotlib: ``pip install matplotlib``). Rows of a ``--smoke`` run (``"smoke": true``, no
+engine ran) are pooled only with each other, and every line then says so.
 
     python benchmark/long_gen_report.py docs/gpu-results/long-gen-engine-s2-run3.jsonl ... [--plot out.png]
 """
@@ -43,11 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     runs = load_runs(args.jsonl)
+    smoke = {bool(row.get("smoke")) for _, rows in runs for row in rows.values()}
+    if smoke == {True, False}:
+        print("long_gen_report: will not pool rows of a --smoke run with measured ones", file=sys.stderr)
+        return 2
+    tag = "SMOKE (no engine ran, not a figure): " if True in smoke else ""
     summaries = pooled(runs)
     for name, s in summaries.items():
         low, high = s["median_ci95"]
         print(
-            f"{name}/{s['baseline']} over {len(s['per_rep'])} paired reps: median {s['median']:.3f} "
+            f"{tag}{name}/{s['baseline']} over {len(s['per_rep'])} paired reps: median {s['median']:.3f} "
             f"[p10 {s['p10']:.3f}, p90 {s['p90']:.3f}], bootstrap 95 % CI of the median "
             f"{low:.3f} - {high:.3f}, ratio of medians {s['of_medians']:.3f}"
         )

@@ -4,6 +4,11 @@ Started by the parent (never by hand): writes the tiny model's config (``tiny_ds
 starts ``sglang.Engine`` or ``launch_server``, warms up, then runs the phases the parent sends on
 stdin ("control REP", "boundary"), saving its result file after each. The parent reads that file;
 a crashed scheduler leaves this process's clients blocked, so the parent owns the timeouts.
+
+With ``--smoke`` (CI, no GPU) it builds the engine's arguments and the launch_server command line
+but starts neither: a stand-in client answers every request with one token at once, so the
+parent's protocol, the result file and the rows run through; the result says ``"smoke": true``
+and its numbers measure nothing (no engine ran).
 """
 
 from __future__ import annotations
@@ -123,6 +128,18 @@ class EngineClient:
         return times, meta
 
 
+def server_command(kwargs: dict, port: int) -> list:
+    """``python -m sglang.launch_server`` with sglang.Engine's ``kwargs`` as its flags."""
+    cli = ["--port", str(port), "--host", "127.0.0.1"]
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            cli.append(flag)
+        elif value not in (False, None):
+            cli += [flag, str(value)]
+    return [sys.executable, "-m", "sglang.launch_server", *cli]
+
+
 class ServerClient:
     def __init__(self, args, model, log, kwargs=None):
         """``launch_server`` with ``kwargs`` (sglang.Engine's names; default: the DSA model's)."""
@@ -130,15 +147,8 @@ class ServerClient:
 
         self.requests = requests
         self.port = args.port
-        cli = ["--port", str(args.port), "--host", "127.0.0.1"]
-        for key, value in (kwargs or engine_kwargs(args, model)).items():
-            flag = "--" + key.replace("_", "-")
-            if value is True:
-                cli.append(flag)
-            elif value not in (False, None):
-                cli += [flag, str(value)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", *cli],
+            server_command(kwargs or engine_kwargs(args, model), args.port),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -174,6 +184,21 @@ class ServerClient:
 
     async def stream(self, input_ids, params):
         return await asyncio.to_thread(self._post, input_ids, params)
+
+
+class SmokeClient:
+    """--smoke: no engine. Each request gets one token at once (finish_reason length): the
+    protocol and the rows run through, and nothing in them is a figure."""
+
+    def __init__(self, kwargs: dict, port: int):
+        self.command = server_command(kwargs, port)  # built as for launch_server, not run
+
+    async def stream(self, input_ids, params):
+        await asyncio.sleep(0)
+        return [time.perf_counter()], {"completion_tokens": 1, "finish_reason": {"type": "length"}}
+
+    def server_info(self):
+        return None
 
 
 def gap_profile(gaps) -> dict:
@@ -246,7 +271,14 @@ def worker(args) -> int:
     model = write_model(Path(args.model_dir), args.context_length)
     D = draft_tokens(args)
     t0 = time.perf_counter()
-    client = ServerClient(args, model, sys.stderr) if args.server else EngineClient(args, model)
+    if args.smoke:
+        client = SmokeClient(engine_kwargs(args, model), args.port)
+        result["smoke"] = True
+        print(f"[{args.worker}] smoke: no engine; would run {' '.join(client.command)}", file=sys.stderr)
+    elif args.server:
+        client = ServerClient(args, model, sys.stderr)
+    else:
+        client = EngineClient(args, model)
     loop = asyncio.get_event_loop()  # the loop sglang.Engine's tokenizer manager runs on
     loop.run_until_complete(run_group(client, make_requests(2, 16, 8, 0), 2, args.phase_timeout))  # warm-up
     result.update(start_s=time.perf_counter() - t0, ready=True, control=[])
@@ -355,6 +387,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds for an engine to start (a cold JIT cache needs minutes)",
     )
     parser.add_argument("--port", type=int, default=30123, help="server mode: first variant's port")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI smoke run without a GPU: no engine starts, a stand-in client answers each request "
+        'with one token; every row says "smoke": true, its numbers measure nothing',
+    )
 
 
 def forward_args(args, port: int) -> list:
@@ -362,7 +400,12 @@ def forward_args(args, port: int) -> list:
     out = ["--port", str(port)]
     for key in ENGINE_FLAGS:
         out += ["--" + key.replace("_", "-"), str(getattr(args, key))]
-    return out + ["--server"] * args.server + ["--enable-dp-attention"] * args.enable_dp_attention
+    return (
+        out
+        + ["--server"] * args.server
+        + ["--enable-dp-attention"] * args.enable_dp_attention
+        + ["--smoke"] * args.smoke
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

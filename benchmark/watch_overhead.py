@@ -20,10 +20,12 @@ time (``--replays-per-step``, default steps + 1); ``--step-ms`` (a measured deco
 into a share. It is host time, an upper bound: with the overlap scheduler the host prepares the
 next batch while the GPU runs, so it costs throughput only where the host is the bottleneck. torch and sglang are imported
 after the arguments are parsed: ``--help`` needs neither. Runs on CPU too (Triton interpreter;
-slow, for a smoke test).
+slow): ``--smoke`` is that run for CI, with tiny sizes (batch 2, context 64, steps 1, 2 blocks of
+1 call); its row says ``"smoke": true`` and holds no timing (null), only the hooks' targets.
 
     python benchmark/watch_overhead.py [--batch-size 4] [--context-length 1024] [--speculative-num-steps 5]
         [--step-ms 10.6] [--output-file FILE]
+    python benchmark/watch_overhead.py --smoke [--output-file FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ import sys
 import time
 
 from bench_common import add_output_file_argument, append_jsonl, jsonl_row
+
+# --smoke: the sizes of the CPU run (CI), small enough for Triton's interpreter.
+SMOKE_SIZES = {"batch_size": 2, "context_length": 64, "speculative_num_steps": 1, "calls": 1, "blocks": 2}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a measured decode step in ms, to state the watch's share of it (default: not stated)",
     )
     add_output_file_argument(parser, what="run")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI smoke run on CPU (Triton interpreter): batch 2, context 64, steps 1, 2 blocks of 1 "
+        'call; the row says "smoke": true and holds no timing',
+    )
     return parser
 
 
@@ -107,12 +118,16 @@ def _summary(per_call: dict) -> dict:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton loads
+        for name, value in SMOKE_SIZES.items():
+            setattr(args, name, value)
     try:
         import torch
     except ImportError:
         print("watch_overhead: needs torch", file=sys.stderr)
         return 2
-    on_cuda = torch.cuda.is_available()
+    on_cuda = torch.cuda.is_available() and not args.smoke
     if not on_cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton loads
     device = "cuda" if on_cuda else "cpu"
@@ -187,6 +202,7 @@ def main(argv=None) -> int:
     row = jsonl_row(
         {
             "benchmark": "watch_overhead",
+            **({"smoke": True} if args.smoke else {}),
             "device": torch.cuda.get_device_name() if on_cuda else "cpu",
             "torch": torch.__version__,
             "batch_size": bs,
@@ -215,9 +231,20 @@ def main(argv=None) -> int:
         f"per decode step (1 row write, 1 row read, {replays} replays; bs {bs}, D {D}): "
         f"+{per_step_us:.1f} us of host time{share}"
     )
+    if args.smoke:
+        print("SMOKE RUN on CPU (Triton interpreter): the times above are not figures")
     if args.output_file:
-        append_jsonl(args.output_file, [row])
+        append_jsonl(args.output_file, [without_timings(row) if args.smoke else row])
     return 0
+
+
+def without_timings(row: dict) -> dict:
+    """A smoke row: a CPU run of 2 calls is no figure, so the row holds no time (null)."""
+    hooks = {
+        kind: {"target": r["target"], **{k: None for k in r if k != "target"}}
+        for kind, r in row["hooks"].items()
+    }
+    return {**row, "hooks": hooks, "added_us_per_decode_step": None, "share_of_step": None}
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import datetime
 import importlib
+import importlib.util
 import io
 import json
 import math
@@ -22,17 +23,35 @@ from types import SimpleNamespace
 
 import pytest
 
+import sglang_dsa_fix
+
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARK = REPO / "benchmark"
 SCRIPTS = sorted(BENCHMARK.glob("*.py"))
 MODULES = [p.stem for p in SCRIPTS]
 
-if str(BENCHMARK) not in sys.path:
+
+def load_script(name: str):
+    """benchmark/NAME.py as the module NAME, what the scripts' own ``import NAME`` then finds."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARK / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+bench_common = load_script("bench_common")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def benchmark_on_path():
+    """The scripts import each other by name (``python benchmark/X.py`` puts benchmark/ first on
+    sys.path): so does this module's tests' ``importlib.import_module``, and only while they run."""
     sys.path.insert(0, str(BENCHMARK))
+    yield
+    sys.path.remove(str(BENCHMARK))
 
-import bench_common  # noqa: E402
-
-import sglang_dsa_fix  # noqa: E402
 
 # Run in the torch-less interpreter: import a script by its path, build its parser, and report
 # its flags and their help texts (as argparse expands them), and whether torch got imported.
