@@ -1,0 +1,243 @@
+"""Bug #3's in-tree change, located in sglang's own ``flashattention_backend.py`` by ``ast``.
+
+As ``sites.page_table_site`` does for bug #1, nothing of sglang's source is stored here: the
+file's bytes are parsed and each change is a byte range plus the text that replaces it.
+
+In ``FlashAttentionBackend`` (``fa3_width`` says why each is needed):
+
+- ``width``: the width argument of every ``torch.zeros(max_bs, max_num_pages, ...)`` in
+  ``init_cuda_graph_state`` (the local ``max_num_pages = ceil(max_context_len / page_size)``):
+  the decode, draft-decode, target_verify and draft_extend page tables and their SWA siblings,
+  seven in 0.5.14 (:1623, :1671, :1744, :1765, :1788, :1800, :1806), 0.5.17 (:2074, :2122,
+  :2195, :2216, :2250, :2262, :2268) and 0.5.23 (:2445, :2471, :2544, :2565, :2599, :2611,
+  :2617) -> ``fa3_width.WIDTH_EXPR``;
+- ``strided_stop``: the stop of each ``strided_indices = torch.arange(0, self.max_context_len,
+  self.page_size)`` there (0.5.14 :1628, :1770, :1793; 0.5.17 :2079, :2221, :2255; 0.5.23 :2450,
+  :2570, :2604): the page-start gather that bounds the <= 0.5.14 verify replay (it slices
+  decode's, :2308-2311), so a wider table alone would get zeros in its new columns ->
+  ``fa3_width.STRIDED_STOP_EXPR``;
+- ``init_bound``: the right-hand side of ``self.max_num_pages = ...`` in ``__init__`` where the
+  release has it (0.5.17 :180-182, 0.5.23 :196-198), the clamp of the device-side builders
+  (0.5.17 draft decode via ``normal_decode_set_metadata`` :2649; 0.5.23 verify and draft decode via
+  ``_set_decode_page_metadata`` :2973) -> ``fa3_width.WIDTH_EXPR`` (``self.req_to_token`` is
+  set a few lines above: :173 / :189);
+- ``comment``: two comment lines inserted above the local ``max_num_pages`` assignment.
+
+The topk > 1 tables (``[max_bs, max_context_len]`` in tokens, and the expand tables) are not
+touched: the rule here is topk 1's. No torch, no sglang imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from sglang_dsa_fix import fa3_width
+from sglang_dsa_fix.errors import ToolError
+from sglang_dsa_fix.sites import _byte_offset, _lines_above, _parse
+
+RELATIVE_PATH = "srt/layers/attention/flashattention_backend.py"  # under sglang/, every release
+CLASS_NAME = "FlashAttentionBackend"
+LOCAL_PAGES = "max_num_pages"
+
+COMMENT = (
+    "# FA3 graph page tables as wide as req_to_token, in pages: a verify reads seq_len + D keys,",
+    "# a draft decode seq_len + step + 1, and speculative decoding lets seq_len pass context_len.",
+)
+
+
+@dataclass(frozen=True)
+class Edit:
+    kind: str  # "width" | "strided_stop" | "init_bound" | "comment"
+    start: int
+    end: int  # == start for an insertion
+    lineno: int
+    found: str  # what the file has there ("" for an insertion)
+    replacement: str
+
+    @property
+    def done(self) -> bool:
+        return self.found == self.replacement
+
+
+@dataclass(frozen=True)
+class Fa3Site:
+    path: Path
+    data: bytes
+    edits: tuple  # Edit, in file order
+    patched_here: bool  # the file carries exactly this change
+    fixed_upstream: bool = False  # sglang sizes them from req_to_token by itself
+
+    def of(self, kind: str) -> list:
+        return [e for e in self.edits if e.kind == kind]
+
+    def patched_bytes(self) -> bytes:
+        data = self.data
+        for edit in sorted(self.edits, key=lambda e: e.start, reverse=True):
+            if edit.done:
+                continue
+            data = data[: edit.start] + edit.replacement.encode() + data[edit.end :]
+        return data
+
+
+def _class(module: ast.Module) -> Optional[ast.ClassDef]:
+    return next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME), None)
+
+
+def _method(cls: ast.ClassDef, name: str) -> Optional[ast.FunctionDef]:
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _torch_call(node, attr: str) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == attr
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "torch"
+    )
+
+
+def _text(data: bytes, lines: list, node) -> tuple:
+    start = _byte_offset(lines, node.lineno, node.col_offset)
+    end = _byte_offset(lines, node.end_lineno, node.end_col_offset)
+    return start, end, data[start:end].decode("utf-8", "replace")
+
+
+def _self_attr_target(node: ast.Assign, attr: str) -> bool:
+    return any(
+        isinstance(t, ast.Attribute)
+        and t.attr == attr
+        and isinstance(t.value, ast.Name)
+        and t.value.id == "self"
+        for t in node.targets
+    )
+
+
+def _strided_aranges(method: ast.FunctionDef) -> list:
+    """torch.arange calls stored under "strided_indices" (a dict entry or a subscript target)."""
+    calls = []
+    for node in ast.walk(method):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if (
+                    isinstance(key, ast.Constant)
+                    and key.value == "strided_indices"
+                    and _torch_call(value, "arange")
+                ):
+                    calls.append(value)
+        elif isinstance(node, ast.Assign) and _torch_call(node.value, "arange"):
+            if any(
+                isinstance(t, ast.Subscript)
+                and isinstance(t.slice, ast.Constant)
+                and t.slice.value == "strided_indices"
+                for t in node.targets
+            ):
+                calls.append(node.value)
+    return calls
+
+
+def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> Fa3Site:
+    """Bug #3's edits in these bytes of flashattention_backend.py. ToolError if unrecognised."""
+    module = _parse(path, data)
+    cls = _class(module)
+    method = cls and _method(cls, "init_cuda_graph_state")
+    if method is None:
+        raise ToolError(f"{path}: not recognised: {CLASS_NAME}.init_cuda_graph_state not found")
+    lines = data.splitlines(keepends=True)
+    edits = []
+
+    # The local page count and, above it, this change's comment.
+    local = next(
+        (
+            n
+            for n in method.body
+            if isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == [LOCAL_PAGES]
+        ),
+        None,
+    )
+    if local is None:
+        raise ToolError(
+            f"{path}:{method.lineno}: not recognised: no `{LOCAL_PAGES} = ...` in init_cuda_graph_state"
+        )
+    line_start = _byte_offset(lines, local.lineno, 0)
+    indent = lines[local.lineno - 1][: local.col_offset].decode()
+    newline = "\r\n" if lines[local.lineno - 1].endswith(b"\r\n") else "\n"
+    has_comment = _lines_above(lines, local.lineno, len(COMMENT)) == list(COMMENT)
+    comment_text = "".join(indent + line + newline for line in COMMENT)
+    # Where the comment is there already, its lines are the range (found == replacement).
+    above = line_start - len(comment_text.encode()) if has_comment else line_start
+    edits.append(
+        Edit("comment", above, line_start, local.lineno, data[above:line_start].decode(), comment_text)
+    )
+
+    # Width arguments: torch.zeros(rows, max_num_pages | WIDTH_EXPR, ...).
+    for node in ast.walk(method):
+        if _torch_call(node, "zeros") and len(node.args) >= 2:
+            start, end, text = _text(data, lines, node.args[1])
+            if text == LOCAL_PAGES or text == fa3_width.WIDTH_EXPR:
+                edits.append(Edit("width", start, end, node.args[1].lineno, text, fa3_width.WIDTH_EXPR))
+    if not any(e.kind == "width" for e in edits):
+        raise ToolError(
+            f"{path}:{method.lineno}: not recognised: no torch.zeros(rows, {LOCAL_PAGES}, ...) "
+            "in init_cuda_graph_state"
+        )
+
+    # The strided_indices stops: torch.arange(0, <stop>, self.page_size).
+    for call in _strided_aranges(method):
+        if len(call.args) < 2:
+            raise ToolError(f"{path}:{call.lineno}: not recognised: strided_indices arange without a stop")
+        start, end, text = _text(data, lines, call.args[1])
+        edits.append(Edit("strided_stop", start, end, call.args[1].lineno, text, fa3_width.STRIDED_STOP_EXPR))
+
+    # __init__'s self.max_num_pages (0.5.17+), after self.req_to_token.
+    init = _method(cls, "__init__")
+    if init is not None:
+        bounds = [
+            n for n in ast.walk(init) if isinstance(n, ast.Assign) and _self_attr_target(n, LOCAL_PAGES)
+        ]
+        if len(bounds) > 1:
+            raise ToolError(
+                f"{path}:{init.lineno}: not recognised: self.{LOCAL_PAGES} assigned {len(bounds)} times"
+            )
+        if bounds:
+            pool = [
+                n
+                for n in ast.walk(init)
+                if isinstance(n, ast.Assign) and _self_attr_target(n, "req_to_token")
+            ]
+            if not pool or min(n.lineno for n in pool) > bounds[0].lineno:
+                raise ToolError(
+                    f"{path}:{bounds[0].lineno}: not recognised: self.{LOCAL_PAGES} is set before self.req_to_token"
+                )
+            start, end, text = _text(data, lines, bounds[0].value)
+            edits.append(Edit("init_bound", start, end, bounds[0].value.lineno, text, fa3_width.WIDTH_EXPR))
+
+    edits.sort(key=lambda e: e.start)
+    patched_here = all(e.done for e in edits)
+    local_text = _text(data, lines, local.value)[2]
+    fixed_upstream = (
+        not patched_here
+        and "req_to_token" in local_text
+        and all(
+            e.done or "req_to_token" in e.found or e.found == LOCAL_PAGES
+            for e in edits
+            if e.kind != "comment"
+        )
+    )
+    return Fa3Site(
+        path=path, data=data, edits=tuple(edits), patched_here=patched_here, fixed_upstream=fixed_upstream
+    )
+
+
+def fa3_page_table_site(files, data: Optional[bytes] = None) -> Optional[Fa3Site]:
+    """Bug #3's site in a tree (``snapshot.TreeFiles``), or None where sglang has no FA3 backend
+    file. ``data``: parse these bytes (a backup) instead. Needs ``RELATIVE_PATH`` in
+    ``release.FILES_READ`` (not there yet: the lead's integration)."""
+    if data is None:
+        if RELATIVE_PATH not in files.views or not files.exists(RELATIVE_PATH):
+            return None
+        data = files.data(RELATIVE_PATH)
+    return locate(data, files.path(RELATIVE_PATH) if RELATIVE_PATH in files.views else Path(RELATIVE_PATH))
