@@ -55,6 +55,7 @@ import graph_backends as g
 import torch
 
 from sglang_dsa_fix import fa3_sites, fa3_width, width
+from sglang_dsa_fix.proof.replay import installed_form
 
 C = 256
 MAX_BS = 4
@@ -65,6 +66,7 @@ DRAFTS = (4, 8) if os.environ.get("SGLANG_DSA_FIX_FULL") else (4,)
 SENTINEL = -7  # no page id is negative
 MODES = ("verify", "draft")
 REPORT: dict = {}
+FORM = installed_form()  # the release's form, as its files show it
 
 
 def version() -> str:
@@ -74,7 +76,7 @@ def version() -> str:
 
 
 def row_extra(page: int, D: int) -> int:
-    return width.pristine_row_extra(version(), width.SpecShape(C, D, D - 1, 1, page))
+    return width.pristine_row_extra(FORM, width.SpecShape(C, D, D - 1, 1, page))
 
 
 def longest(D: int) -> int:
@@ -490,7 +492,7 @@ class TestRuntimeFix(Checks, unittest.TestCase):
         # draft extend (fa3_width.GRAPH_TABLES).
         costs = {}
         for context, page, D in ((262144, 1, 4), (262144, 16, 4), (131072, 1, 8), (131072, 64, 8)):
-            extra = width.pristine_row_extra(version(), width.SpecShape(context, D, D - 1, 1, page))
+            extra = width.pristine_row_extra(FORM, width.SpecShape(context, D, D - 1, 1, page))
             for max_bs in (1, 8, 64, 256, 512):
                 pool = g.Fields(
                     req_to_token=torch.empty(max_bs + 1, context + extra, dtype=torch.int32, device="meta")
