@@ -11,6 +11,8 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
 - bug #2 CPU tier (test/srt/test_row_overflow.py) where the release imports on CPU (0.5.11 -
   0.5.23): the whole tier where a function sizes the row (0.5.13+), the pristine overflow where
   the row is sized inline (0.5.11 - 0.5.12);
+- bug #3 CPU tier (test/srt/test_fa3_cuda_graph.py) on 0.5.17 and 0.5.23 (0.5.14 in the main
+  suite): the real FlashAttentionBackend's graph tables, pristine and fixed;
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
   and what ``plugin.decide()`` says on the others; the family watch's DSA / NSA replay check and
   hook targets (test/test_watch.py) where the bug #1 CPU tier runs (0.5.11 - 0.5.13).
@@ -43,6 +45,7 @@ NO_CPU_IMPORT = (
     "CUDA build of several hundred MB (not tried in the CPU environment)"
 )
 UPSTREAM_LAYOUT = "the upstream-form tests are written for the 0.5.13 - 0.5.14 module layout"
+FA3_NOT_RUN = "bug #3's CPU tier is driven on 0.5.14 (the base), 0.5.17 and 0.5.23"
 WATCH_TESTS = "test/test_watch.py::TestDsaReplay test/test_watch.py::TestSwitchAndSites"
 UPSTREAM_TESTS = sorted((REPO / "upstream" / "test").rglob("test_*.py"))
 AFFECTED, FIXED_UPSTREAM, NOT_APPLICABLE, NOT_COVERED = (
@@ -60,6 +63,7 @@ class Release:
     row: str  # expected check verdict, bug #2
     cpu_tier: str | None = None  # None: run bug #1's tier; else why not
     row_tier: str | None = None  # None: run bug #2's tier; else why not
+    fa3_tier: str | None = FA3_NOT_RUN  # None: run bug #3's tier (FA3 on the real backend); else why not
     plugin: bool = False  # plugin API present (0.5.11+)
     row_inline: bool = False  # row sized inline (0.5.9 - 0.5.12): bug #2 in-tree only
     upstream_tests: str | None = UPSTREAM_LAYOUT  # None: run upstream/ tests; else why not
@@ -80,8 +84,24 @@ RELEASES = [
     Release("0.5.15", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     Release("0.5.16", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     # The newest release the GPU host's torch 2.11 runs (its bug #2 end-to-end run).
-    Release("0.5.17", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True, resolves=True),
-    Release("0.5.23", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True, resolves=True),
+    Release(
+        "0.5.17",
+        FIXED_UPSTREAM,
+        AFFECTED,
+        cpu_tier="bug #1 fixed upstream",
+        fa3_tier=None,
+        plugin=True,
+        resolves=True,
+    ),
+    Release(
+        "0.5.23",
+        FIXED_UPSTREAM,
+        AFFECTED,
+        cpu_tier="bug #1 fixed upstream",
+        fa3_tier=None,
+        plugin=True,
+        resolves=True,
+    ),
 ]
 BASE_VERSION = "0.5.14"
 
@@ -378,6 +398,7 @@ def main(argv=None) -> int:
         for name, reason, target in (
             ("bug #1 CPU tier", case.cpu_tier, "test/srt/test_dsa_cuda_graph.py"),
             ("bug #2 CPU tier", case.row_tier, "test/srt/test_row_overflow.py"),
+            ("bug #3 CPU tier", case.fa3_tier, "test/srt/test_fa3_cuda_graph.py"),
         ):
             if base:
                 row.add(name, True, "run by the main test suite (base environment)")

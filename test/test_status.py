@@ -9,7 +9,7 @@ from unittest import mock
 
 from helpers import INSTALLED, PatchToolTestCase, run_cli
 
-from sglang_dsa_fix import plugin, release, status
+from sglang_dsa_fix import bugs, classify, plugin, release, status, tree
 
 SHAPE = ["--context-length", "512", "--speculative-num-draft-tokens", "5", "--page-size", "64"]
 ENTRY_POINTS = "[sglang.srt.plugins]\nsglang_dsa_fix = sglang_dsa_fix.plugin:register\n"
@@ -310,6 +310,39 @@ class TestVersion(StatusTestCase):
                 self.assertEqual(self.report("check")["exit_code"], 0)
                 self.assertIn(b"get_alloc_reserve_per_decode(server_args))\n", self.sizing.read_bytes())
                 self.cli("revert")
+
+
+class TestAlgorithms(StatusTestCase):
+    """Bug #2 per speculative algorithm, by the decode path it runs (``release.DECODE_PREPARE``)."""
+
+    def judge(self, algorithm):
+        files = classify.read_tree(tree.find_tree(str(self.tmp)))
+        config = {
+            "speculative_algorithm": algorithm,
+            "speculative_num_draft_tokens": 16,
+            "context_length": 256,
+            "page_size": 1,
+            "attention_backend": "fa3",
+        }
+        resolved = {
+            "basis": "sglang",
+            "configuration": config,
+            "widths": {"row_extra": 20, "decode_reserve": 32},
+        }
+        entries, code = bugs.judge(files, status.plugin_report(files.files, False), resolved)
+        return self.bug({"bugs": entries}, "req_to_token_row"), code
+
+    def test_dflash_family_is_judged_by_its_own_prepare(self):
+        for algorithm in ("DFLASH", "DSPARK"):
+            with self.subTest(algorithm=algorithm):
+                row, code = self.judge(algorithm)
+                self.assertIn("DFlashDraftInputV2.prepare_for_decode", row["at_configuration"]["note"])
+                self.assertEqual((row["state"], code), ("affected", 1))
+
+    def test_an_algorithm_without_a_rule_cannot_be_told(self):
+        row, code = self.judge("WARP_DRIVE")
+        self.assertEqual((row["state"], code), ("cannot_tell", 2))
+        self.assertIn("no rule for its decode path", row["at_configuration"]["cannot_tell"])
 
 
 if __name__ == "__main__":

@@ -22,12 +22,21 @@ def judge(files, plugin_info: dict, resolved: Optional[dict]) -> tuple:
     return entries, combined_exit(entry["exit_code"] for entry in entries)
 
 
-DFLASH_NOTE = (
-    "DFLASH reserves 2 x block in its own decode path (DFlashDraftInputV2.prepare_for_decode, "
-    "speculative/dflash_info_v2.py 0.5.17:113, 0.5.23:114) with no row check; judged from "
-    "get_alloc_reserve_per_decode(), which equals that at steps = topk = 1; `--prove` drives that "
-    "prepare itself on CPU; both fixes raise the row to it"
-)
+# What the row arithmetic says beside the numbers, per decode prepare (``release.DECODE_PREPARE``).
+PREPARE_NOTES = {
+    release.DFLASH_PREPARE: (
+        "DFLASH (and DSPARK, its family) reserves 2 x block in its own decode path "
+        "(DFlashDraftInputV2.prepare_for_decode, speculative/dflash_info_v2.py 0.5.17:113, "
+        "0.5.23:114) with no row check; judged from get_alloc_reserve_per_decode(), which equals "
+        "that at steps = topk = 1; `--prove` drives that prepare itself on CPU; both fixes raise "
+        "the row to it"
+    ),
+    release.UNO_PREPARE: (
+        "UNO reserves 2 x (D + 1) in its own decode path and raises where it would pass the row "
+        "(speculative/uno_info.py 0.5.20:141-146): a refused request, not a silent overflow; "
+        "judged from sglang's own sizing, which holds that reservation from 0.5.20"
+    ),
+}
 
 
 def decision_inputs(resolved: dict) -> dict:
@@ -52,9 +61,15 @@ def decision_inputs(resolved: dict) -> dict:
         "graph_page_table_error": widths.get("graph_page_table_error"),
         "resolved": resolved.get("basis") == "sglang",
     }
-    inputs["preclaims_bonus"] = str(algorithm).upper() != "DFLASH"
-    if not inputs["preclaims_bonus"]:
-        inputs["row_note"] = DFLASH_NOTE
+    prepare = release.DECODE_PREPARE.get("NONE" if not algorithm else str(algorithm).upper(), "unknown")
+    inputs["preclaims_bonus"] = prepare != release.DFLASH_PREPARE
+    if prepare in PREPARE_NOTES:
+        inputs["row_note"] = PREPARE_NOTES[prepare]
+    if prepare == "unknown":
+        inputs["row_cannot_tell"] = (
+            f"speculative algorithm {algorithm}: this tool has no rule for its decode path "
+            "(release.DECODE_PREPARE)"
+        )
     backend = release.decode_backend(config)
     if resolved.get("basis") == "sglang" and not algorithm:
         inputs["page_table_not_reachable"] = inputs["row_not_reachable"] = "no speculative decoding"
@@ -143,6 +158,8 @@ def _entry(state, plugin_info: dict, form: Form, resolved: Optional[dict]) -> di
         inputs = decision_inputs(resolved)
         if state.bug is Bug.PAGE_TABLE:
             at = page_table_at(state, inputs)
+        elif "row_cannot_tell" in inputs:
+            at = {"reachable": None, "cannot_tell": inputs["row_cannot_tell"]}
         else:
             at = row_at(state, form, inputs)
             if "prove" in resolved:
@@ -151,6 +168,8 @@ def _entry(state, plugin_info: dict, form: Form, resolved: Optional[dict]) -> di
         reachable = at["reachable"]
         fix_holds = not at.get("columns_past_row_end_with_fix")
     verdict = judge_state(state.verdict, plugin_fixes, reachable, fix_holds)
+    if entry.get("at_configuration", {}).get("cannot_tell"):
+        verdict = State.CANNOT_TELL
     entry.update(state=verdict.token, state_text=verdict.text, exit_code=verdict.exit_code)
     if verdict in (State.AFFECTED, State.STALE_BYTECODE):
         entry["advice"] = _advice(plugin_info, state, fix_holds)

@@ -286,6 +286,50 @@ def detected_form(
     return shown, f"the files contradict the version {label}: {shown.files_say}; judged as {shown.name}"
 
 
+# ------------------------------------------------------------------------------ speculative algorithms
+
+# The decode prepare each speculative algorithm runs under spec v2, by sglang's own member name
+# (``SpeculativeAlgorithm``: 0.5.14 speculative/spec_info.py:28-41, 0.5.23 :32-47; NEXTN is an
+# alias of EAGLE, never a member). Every member a release registers must be here:
+# ``algorithms_without_rule`` names the others and the bug #2 tier fails on them (no silent default).
+EAGLE_PREPARE = "eagle"  # the spec-v2 EAGLE prepare: kv_committed_len + 2A, no row check
+DFLASH_PREPARE = "dflash"  # DFlashDraftInputV2.prepare_for_decode: 2 x block, no row check
+UNO_PREPARE = "uno"  # UnoDraftInput.prepare_for_decode: 2 x (D + 1); raises past the row itself
+DECODE_PREPARE = {
+    "NONE": None,  # no speculative decoding
+    "EAGLE": EAGLE_PREPARE,  # and multi-layer EAGLE
+    "NEXTN": EAGLE_PREPARE,  # an alias sglang resolves to EAGLE (0.5.23 speculative/spec_registry.py:183)
+    "EAGLE3": EAGLE_PREPARE,
+    "STANDALONE": EAGLE_PREPARE,
+    # 0.5.14+: NgramVerifyInput mixes in EagleDraftInputV2Mixin (0.5.14 ngram_info.py:13).
+    "NGRAM": EAGLE_PREPARE,
+    # 0.5.14+: FrozenKVMTPWorkerV2 subclasses EAGLEWorkerV2 and allocates in its prepare
+    # (0.5.23 speculative/frozen_kv_mtp_worker_v2.py:469-470, :698).
+    "FROZEN_KV_MTP": EAGLE_PREPARE,
+    # 0.5.14+ (0.5.14 speculative/dflash_info_v2.py:131; 0.5.23 :142-154).
+    "DFLASH": DFLASH_PREPARE,
+    # 0.5.16+: DFLASH's family (0.5.16 spec_info.py:118-119); its worker requires a
+    # DFlashDraftInputV2 (0.5.23 speculative/dspark_components/dspark_worker_v2.py:35, :969-973).
+    "DSPARK": DFLASH_PREPARE,
+    # 0.5.20+: its own prepare (speculative/uno_info.py:81), page-aligned, and the only one that
+    # raises when nxt passes the row (:141-146); its row holds the reservation
+    # (0.5.20 mem_cache/allocation_sizing.py:101-104).
+    "UNO": UNO_PREPARE,
+}
+
+
+def decode_prepare(algorithm: Optional[str]) -> Optional[str]:
+    """The decode prepare of a resolved ``speculative_algorithm`` (None: no speculative
+    decoding); KeyError for an algorithm this table has no rule for."""
+    name = "NONE" if algorithm is None else str(algorithm).upper()
+    return DECODE_PREPARE[name]
+
+
+def algorithms_without_rule(members) -> list:
+    """The member names of a release's ``SpeculativeAlgorithm`` that ``DECODE_PREPARE`` lacks."""
+    return sorted(str(name).upper() for name in members if str(name).upper() not in DECODE_PREPARE)
+
+
 # ------------------------------------------------------------------------------ the watch's targets
 
 # The family watch's kinds of check (watch.py counts each under its own names).

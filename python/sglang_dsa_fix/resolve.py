@@ -605,8 +605,9 @@ def child_main(argv: list) -> None:
 
 
 PROVE_CONTEXT, PROVE_PROMPT = 256, 100
-# Algorithms whose decode reservation the driver runs: the spec-v2 EAGLE prepare, and DFLASH's own.
-PROVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "NGRAM", "STANDALONE", "DFLASH")
+# The decode prepares the CPU driver runs (``proof.row_overflow``): the spec-v2 EAGLE prepare,
+# and DFLASH's own (DFLASH, DSPARK).
+PROVE_PREPARES = (release.EAGLE_PREPARE, release.DFLASH_PREPARE)
 
 
 def _prove(config: dict) -> dict:
@@ -616,7 +617,8 @@ def _prove(config: dict) -> dict:
     algorithm = str(config.get("speculative_algorithm") or "").upper()
     if not algorithm:
         return {"skipped": "no speculative decoding"}
-    if algorithm not in PROVE_ALGORITHMS:
+    prepare = release.DECODE_PREPARE.get(algorithm, "unknown")
+    if prepare not in PROVE_PREPARES:
         return {"skipped": f"{algorithm} reserves in its own decode path, which the CPU driver does not run"}
     try:
         from sglang_dsa_fix.proof import row_overflow

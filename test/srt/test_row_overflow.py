@@ -23,7 +23,7 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.test_utils import CustomTestCase
 
-from sglang_dsa_fix import runtime_fix, width
+from sglang_dsa_fix import release, runtime_fix, width
 from sglang_dsa_fix.proof import row_overflow
 from sglang_dsa_fix.proof.patched_copy import patched_copy
 from sglang_dsa_fix.proof.replay import installed_form, installed_version
@@ -63,7 +63,7 @@ def shape_of(case):
         case.topk,
         case.page_size,
         overlap=case.overlap,
-        preclaims_bonus=case.algorithm.upper() != "DFLASH",
+        preclaims_bonus=release.decode_prepare(case.algorithm) != release.DFLASH_PREPARE,
     )
 
 
@@ -156,6 +156,7 @@ class TestInTreePatchRow(_FixedRowTests, CustomTestCase):
 INVARIANT_CASES = (
     ("NGRAM", 12, 10, 1, (1,)),
     ("DFLASH", 16, 1, 1, (1,)),
+    ("DSPARK", 16, 1, 1, (1,)),
     ("EAGLE", 8, 1, 7, (1, 64)),
     ("EAGLE", 16, 1, 15, (1, 64)),
     ("EAGLE", 8, 4, 3, (1, 16)),
@@ -179,7 +180,7 @@ class TestFixedRowHoldsTheReservation(CustomTestCase):
             fixes = {"runtime fix": runtime_fixed_sizing(), "in-tree patch": patched.sizing_function}
             checked = 0
             for algorithm, D, topk, steps, pages in INVARIANT_CASES:
-                if not _algorithm_known(algorithm):  # DFLASH: 0.5.14+
+                if not _algorithm_known(algorithm):  # DFLASH: 0.5.14+, DSPARK: 0.5.16+
                     continue
                 for page, (name, sizing) in itertools.product(pages, fixes.items()):
                     case = row_overflow.RowCase(
@@ -278,19 +279,24 @@ def _has_dflash_v2() -> bool:
 @unittest.skipUnless(_has_dflash_v2(), "this release has no DFLASH spec-v2 reservation (dflash_info_v2.py)")
 class TestDflashRowOverflow(CustomTestCase):
     """DFLASH's own decode reservation (``DFlashDraftInputV2.prepare_for_decode``: 2 x block,
-    no row check), driven like the EAGLE prepare: block 16 at page 1 (steps = topk = 1, as
-    sglang resolves DFLASH) overflows by the rule's count; both fixes keep it inside the row."""
+    no row check), which DSPARK runs too (0.5.16+, DFLASH's family), driven like the EAGLE
+    prepare: block 16 at page 1 (steps = topk = 1, as sglang resolves DFLASH) overflows by the
+    rule's count; both fixes keep it inside the row."""
 
-    def case(self, page: int):
-        return row_overflow.RowCase(256, 16, page, True, 100, topk=1, num_steps=1, algorithm="DFLASH")
+    ALGORITHMS = [name for name in ("DFLASH", "DSPARK") if _algorithm_known(name)]
+
+    def case(self, page: int, algorithm: str):
+        return row_overflow.RowCase(256, 16, page, True, 100, topk=1, num_steps=1, algorithm=algorithm)
 
     def test_pristine_block_16_page_1_writes_into_the_next_row(self):
-        result = row_overflow.run(self.case(1))
-        expected = width.row_overflow_columns(FORM, shape_of(result.case))
-        self.assertEqual(expected, 8)  # 2 x 16 - (4 + 16) - 4: no bonus pre-claim, on 0.5.14 too
-        self.assertEqual(result.last_committed, 256 - 4)
-        self.assertEqual((result.columns_past_row_end, result.canary_clobbered), (8, 8))
-        self.assertEqual(result.leaked_slots, 8)
+        for algorithm in self.ALGORITHMS:
+            with self.subTest(algorithm=algorithm):
+                result = row_overflow.run(self.case(1, algorithm))
+                expected = width.row_overflow_columns(FORM, shape_of(result.case))
+                self.assertEqual(expected, 8)  # 2 x 16 - (4 + 16) - 4: no bonus pre-claim, on 0.5.14 too
+                self.assertEqual(result.last_committed, 256 - 4)
+                self.assertEqual((result.columns_past_row_end, result.canary_clobbered), (8, 8))
+                self.assertEqual(result.leaked_slots, 8)
 
     def test_both_fixes_keep_it_inside_the_row(self):
         with patched_copy() as patched:
@@ -298,9 +304,9 @@ class TestDflashRowOverflow(CustomTestCase):
                 ("runtime fix", runtime_fixed_sizing()),
                 ("in-tree patch", patched.sizing_function),
             ):
-                for page in (1, 64) if FULL else (1,):
-                    with self.subTest(fix=name, page=page):
-                        self.assertTrue(row_overflow.run(self.case(page), sizing).clean)
+                for page, algorithm in itertools.product((1, 64) if FULL else (1,), self.ALGORITHMS):
+                    with self.subTest(fix=name, page=page, algorithm=algorithm):
+                        self.assertTrue(row_overflow.run(self.case(page, algorithm), sizing).clean)
 
 
 @unittest.skipUnless(SIZING is None, "the release sizes the row with a function (tested above)")
@@ -338,6 +344,21 @@ class TestInlineSizedRowOverflow(CustomTestCase):
                     result = row_overflow.run(case, patched.sizing_function)
                     self.assertTrue(result.clean, result)
                     self.assertEqual(result.row_extra, width.fixed_row_extra(FORM, shape_of(case)))
+
+
+class TestEveryAlgorithmHasARule(CustomTestCase):
+    """Every speculative algorithm the release registers has a decode-prepare rule
+    (``release.DECODE_PREPARE``): a new one fails here, never takes a silent default."""
+
+    def test_registered_algorithms_have_rules(self):
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        members = [member.name for member in SpeculativeAlgorithm]
+        self.assertIn("EAGLE", members)
+        self.assertEqual(release.algorithms_without_rule(members), [])
+
+    def test_a_member_without_a_rule_is_named(self):
+        self.assertEqual(release.algorithms_without_rule(["EAGLE", "Warp_Drive"]), ["WARP_DRIVE"])
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from unittest import mock
 
 import torch
 
+from sglang_dsa_fix import release
 from sglang_dsa_fix.runtime_fix import sizing_module
 
 CANARY = 0x5A5A5A5  # a slot index no allocator of these sizes hands out
@@ -177,7 +178,7 @@ def _prepare_for_decode(case: RowCase):
     on the draft input the batch carries, which spec_prepare_for_decode dispatches to (0.5.23
     spec_utils.py:1259-1260); its overlap plan stream is off by default
     (SGLANG_ENABLE_OVERLAP_PLAN_STREAM). Every other algorithm goes through the EAGLE prepare."""
-    if case.algorithm.upper() == "DFLASH":
+    if release.DECODE_PREPARE.get(case.algorithm.upper()) == release.DFLASH_PREPARE:  # DFLASH, DSPARK
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
         spec_info = DFlashDraftInputV2.create_idle_input("cpu")
