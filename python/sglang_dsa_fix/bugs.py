@@ -55,6 +55,7 @@ def decision_inputs(resolved: dict) -> dict:
             )
         ),
         "row_extra": widths["row_extra"],
+        "row_extra_with_plugin": widths.get("row_extra_with_plugin"),
         "decode_reserve": widths["decode_reserve"],
         "graph_page_table_width": widths.get("graph_page_table_width"),
         "graph_page_table_from": widths.get("graph_page_table_from"),
@@ -125,7 +126,9 @@ def row_at(state, form: Form, inputs: dict) -> dict:
         reserve, page, form, inputs["overlap"], inputs["preclaims_bonus"], inputs["context_len"]
     )
     align = page if form.page_aligns_reservation else 1
-    with_fix = max(extra, width.row_extra_floor(reserve, align))
+    # Resolved by sglang: the plugin's own hook ran on sglang's numbers (runtime_fix); the
+    # in-tree form computes the same. Else the rule: the reservation and the page's rounding.
+    with_fix = inputs["row_extra_with_plugin"] or max(extra, width.row_extra_floor(reserve, align))
     # Resolved by sglang, the headroom is the tree's own function, an in-tree change included;
     # the static rule mirrors the pristine function, so a patched tree gets the fix's number.
     now = with_fix if state.verdict is Verdict.FIXED_IN_TREE and not inputs["resolved"] else extra

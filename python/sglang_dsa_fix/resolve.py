@@ -501,13 +501,14 @@ def _widths(server_args) -> dict:
     if module is None:
         return {}
     extra, reserve = module.get_req_to_token_extra_context_len, module.get_alloc_reserve_per_decode
-    if inspect.signature(extra).parameters:  # 0.5.13 - 0.5.22 take server_args
-        out = {"row_extra": extra(server_args), "decode_reserve": reserve(server_args)}
-    else:  # 0.5.23 reads the published runtime context
+    call = (server_args,) if inspect.signature(extra).parameters else ()  # 0.5.13 - 0.5.17 take it
+    if not call:  # 0.5.18+ read the published runtime context
         from sglang.srt.runtime_context import publish
 
         publish(server_args, role="test")
-        out = {"row_extra": extra(), "decode_reserve": reserve()}
+    out = {"row_extra": extra(*call), "decode_reserve": reserve(*call)}
+    # What the plugin's own hook makes of it, called as sglang calls the function.
+    out["row_extra_with_plugin"] = runtime_fix.row_extra_fix(module.__name__)(out["row_extra"], *call)
     page = getattr(module, "get_alloc_page_size", None)
     out["alloc_page_size"] = int(page()) if page and not inspect.signature(page).parameters else None
     out["sizing_function"] = f"{module.__name__}.get_req_to_token_extra_context_len"

@@ -39,9 +39,11 @@ def row_extra_fix(module_name: str):
 
 def _alloc_page(module, args, kwargs) -> int:
     """The allocator page the release's prepare rounds ``nxt`` up to: sglang's own
-    ``get_alloc_page_size()`` where it has one (0.5.23, page x attn_dcp_size); from the server
-    args where the sizing module is allocation_sizing (0.5.16 - 0.5.22 round by the allocator's
-    page, page x dcp_size under DCP); 1 before (0.5.13 - 0.5.15, mem_cache/common.py: no rounding)."""
+    ``get_alloc_page_size()`` where it has one (0.5.19+, page x attn_dcp_size); from the server
+    args where the sizing module is allocation_sizing (0.5.16 - 0.5.17 round by the allocator's
+    page, page x dcp_size under DCP); 1 before (0.5.13 - 0.5.15, mem_cache/common.py: no rounding).
+    0.5.18's sizing takes no argument and has no ``get_alloc_page_size``: 1 there, so under decode
+    context parallel this fix holds the reservation without the page's rounding (not yet covered)."""
     own = getattr(module, "get_alloc_page_size", None)
     if own is not None:
         return int(own(*args, **kwargs))

@@ -48,7 +48,7 @@ def row_comment(reserve: str = f"{release.RESERVE_FUNCTION}()") -> tuple[str, ..
     )
 
 
-# 0.5.16 - 0.5.22: the prepare rounds that end up to the allocator's page, which decode context
+# 0.5.16 - 0.5.18: the prepare rounds that end up to the allocator's page, which decode context
 # parallel makes page_size x dcp_size (0.5.17 speculative/eagle_utils.py:889-907,
 # mem_cache/kv_cache_builder.py:212), while these releases add only page_size - 1.
 ROUNDED_ROW_COMMENT = (
@@ -272,13 +272,13 @@ def row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[Site]:
             f"`return <name>` beside {release.RESERVE_FUNCTION}"
         )
     variable = last.value.id
-    # 0.5.13 - 0.5.22 pass server_args along; 0.5.23 reads global bags and takes no argument.
+    # 0.5.13 - 0.5.17 pass server_args along; 0.5.18+ read sglang's runtime context, no argument.
     params = [a.arg for a in function.args.args]
     call_args = "server_args" if "server_args" in params else ""
     reserve_only = f"{variable} = max({variable}, {release.RESERVE_FUNCTION}({call_args}))"
     comment, replacement, older = row_comment(), reserve_only, ()
     if call_args and path.name == "allocation_sizing.py" and "get_alloc_page_size" not in functions:
-        # 0.5.16 - 0.5.22 round nxt up to the allocator's page but size by page_size alone
+        # 0.5.16 - 0.5.17 round nxt up to the allocator's page but size by page_size alone
         # (width.row_extra_floor). The reservation-only form of sglang-dsa-fix 0.3 is older.
         comment, older = ROUNDED_ROW_COMMENT, ((row_comment(), reserve_only),)
         replacement = (
@@ -307,7 +307,7 @@ def row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[Site]:
         else f"at page 1 only: topk 1 from D {margin + 5} (D - {margin + 4} columns), topk > 1, "
         "NGRAM at its defaults"
     )
-    if older:  # 0.5.16 - 0.5.22: the row misses the allocator page's rounding under DCP
+    if older:  # 0.5.16 - 0.5.17: the row misses the allocator page's rounding under DCP
         when += "; at any page size with decode context parallel (--dcp-size > 1)"
     return dataclasses.replace(site, affected_when=when)
 

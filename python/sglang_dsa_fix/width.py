@@ -254,9 +254,10 @@ def row_extra_floor(reserve: int, alloc_page: int = 1) -> int:
     version-dependent margin. ``alloc_page`` is the allocator's page, which the prepare rounds
     ``nxt`` up to (0.5.17 speculative/eagle_utils.py:889-907: ``token_to_kv_pool_allocator
     .page_size``, page_size x dcp_size under decode context parallel, mem_cache/
-    kv_cache_builder.py:212); 1 where nxt is not rounded (0.5.13 - 0.5.15). 0.5.16 - 0.5.22 size
+    kv_cache_builder.py:212); 1 where nxt is not rounded (0.5.13 - 0.5.15). 0.5.16 - 0.5.18 size
     the row with ``page_size - 1`` only, so under DCP their row is up to ``page x (dcp - 1)``
-    columns short (0.5.23 sizes by ``get_alloc_page_size()``, allocation_sizing.py:22-25).
+    columns short (0.5.19+ size it by ``get_alloc_page_size()``, 0.5.19 allocation_sizing.py:11-14,
+    :90-95).
     """
     return reserve + max(0, alloc_page - 1)
 
