@@ -45,6 +45,10 @@ NO_CPU_IMPORT = (
     "CUDA build of several hundred MB (not tried in the CPU environment)"
 )
 UPSTREAM_LAYOUT = "the upstream-form tests are written for the 0.5.13 - 0.5.14 module layout"
+NOT_DRIVEN = (
+    "the CPU driver (proof/row_overflow.py) does not publish this release's runtime-context "
+    "fields yet (0.5.18: override_server_args rejects max_speculative_num_draft_tokens)"
+)
 FA3_NOT_RUN = "bug #3's CPU tier is driven on 0.5.14 (the base), 0.5.17 and 0.5.23"
 WATCH_TESTS = "test/test_watch.py::TestDsaReplay test/test_watch.py::TestSwitchAndSites"
 UPSTREAM_TESTS = sorted((REPO / "upstream" / "test").rglob("test_*.py"))
@@ -75,6 +79,12 @@ RELEASES = [
     # only, and on 0.5.11 / 0.5.12 the bug #2 tier runs the inline-width cases
     # (TestInlineSizedRowOverflow: pristine overflow, patched line clean).
     Release("0.5.4", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
+    # 0.5.5 - 0.5.8: the row sized inline beside a spec-v2 reservation without
+    # get_alloc_len_per_decode (0.5.6 - 0.5.8: 2 x ALLOC_LEN_PER_DECODE set by the worker): not judged.
+    Release("0.5.5", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
+    Release("0.5.6", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
+    Release("0.5.7", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
+    Release("0.5.8", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
     Release("0.5.9", AFFECTED, AFFECTED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT, row_inline=True),
     Release("0.5.10", AFFECTED, AFFECTED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT, row_inline=True),
     Release("0.5.11", AFFECTED, AFFECTED, plugin=True, row_inline=True),
@@ -92,6 +102,19 @@ RELEASES = [
         fa3_tier=None,
         plugin=True,
         resolves=True,
+    ),
+    # 0.5.18 - 0.5.22: the patch tool, the verdicts and the plugin's decisions on the release's
+    # own files; the CPU tiers run on 0.5.17 and 0.5.23 around them.
+    *(
+        Release(
+            version,
+            FIXED_UPSTREAM,
+            AFFECTED,
+            cpu_tier="bug #1 fixed upstream",
+            row_tier=NOT_DRIVEN,
+            plugin=True,
+        )
+        for version in ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22")
     ),
     Release(
         "0.5.23",
