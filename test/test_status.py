@@ -327,7 +327,7 @@ class TestAlgorithms(StatusTestCase):
         resolved = {
             "basis": "sglang",
             "configuration": config,
-            "widths": {"row_extra": 20, "decode_reserve": 32},
+            "widths": {"row_extra": 20, "decode_reserve": 32, "alloc_page_size": 1},
         }
         entries, code = bugs.judge(files, status.plugin_report(files.files, False), resolved)
         return self.bug({"bugs": entries}, "req_to_token_row"), code

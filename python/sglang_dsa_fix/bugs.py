@@ -7,7 +7,6 @@ code (``judge``). The arithmetic is ``width``'s; the states and exit codes are `
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Optional
 
 from sglang_dsa_fix import release, width
@@ -47,13 +46,7 @@ def decision_inputs(resolved: dict) -> dict:
         "context_len": config["context_length"],
         "num_draft_tokens": config.get("speculative_num_draft_tokens") or 0,
         "overlap": not config.get("disable_overlap_schedule"),
-        "alloc_page_size": widths.get("alloc_page_size")
-        or width.alloc_page_size(
-            SimpleNamespace(
-                page_size=config.get("page_size"),
-                dcp_size=config.get("attn_dcp_size") or config.get("dcp_size"),
-            )
-        ),
+        "alloc_page_size": widths["alloc_page_size"],
         "row_extra": widths["row_extra"],
         "row_extra_with_plugin": widths.get("row_extra_with_plugin"),
         "decode_reserve": widths["decode_reserve"],

@@ -130,10 +130,9 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
     return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
 
 
-def states(files: TreeFiles, found: Optional[sites.Found] = None) -> list:
-    """One BugState per bug (``found``: ``sites.find(files)``, when the caller has it). ToolError
-    when a file is not recognised or was hand-edited."""
-    found = sites.find(files) if found is None else found
+def states(files: TreeFiles) -> list:
+    """One BugState per bug. ToolError when a file is not recognised or was hand-edited."""
+    found = sites.find(files)
     return [_state(files, found, bug) for bug in Bug]
 
 
@@ -158,7 +157,7 @@ def read_tree(tree: SglangTree) -> TreeReport:
     then the states and the release the files say, from that read alone."""
     files = snapshot.read(tree)
     found = sites.find(files)
-    return TreeReport(files, states(files, found), found.form, found.form_note)
+    return TreeReport(files, [_state(files, found, bug) for bug in Bug], found.form, found.form_note)
 
 
 def check(tree: SglangTree, wait: bool = True, use_backups: bool = True) -> list:

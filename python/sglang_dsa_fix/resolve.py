@@ -119,6 +119,7 @@ def static(shape: width.SpecShape, form: Form) -> dict:
     widths = {
         "row_extra": width.pristine_row_extra(form, shape),
         "decode_reserve": width.reserve_per_decode(shape, form),
+        "alloc_page_size": shape.page_size,  # the shape flags have no decode context parallel
     }
     return {"basis": "static", "configuration": config, "widths": widths}
 
@@ -510,7 +511,10 @@ def _widths(server_args) -> dict:
     # What the plugin's own hook makes of it, called as sglang calls the function.
     out["row_extra_with_plugin"] = runtime_fix.row_extra_fix(module.__name__)(out["row_extra"], *call)
     page = getattr(module, "get_alloc_page_size", None)
-    out["alloc_page_size"] = int(page()) if page and not inspect.signature(page).parameters else None
+    # The allocator's page: sglang's own get_alloc_page_size() (0.5.19+), else the one rule
+    # (page_size x dcp_size, what 0.5.15 - 0.5.18 page the allocator by).
+    own = page is not None and not inspect.signature(page).parameters
+    out["alloc_page_size"] = int(page()) if own else width.alloc_page_size(server_args)
     out["sizing_function"] = f"{module.__name__}.get_req_to_token_extra_context_len"
     return {
         k: int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in out.items()
