@@ -72,6 +72,7 @@ class Release:
     row_inline: bool = False  # row sized inline (0.5.9 - 0.5.12): bug #2 in-tree only
     upstream_tests: str | None = UPSTREAM_LAYOUT  # None: run upstream/ tests; else why not
     resolves: bool = False  # run `status -- <launch args>` cases (sglang resolves them)
+    dcp_resolves: bool = False  # run the decode-context-parallel `status --prove` case
 
 
 RELEASES = [
@@ -102,6 +103,7 @@ RELEASES = [
         fa3_tier=None,
         plugin=True,
         resolves=True,
+        dcp_resolves=True,
     ),
     # 0.5.18 - 0.5.22: the patch tool, the verdicts and the plugin's decisions on the release's
     # own files; the CPU tiers run on 0.5.17 and 0.5.23 around them.
@@ -113,6 +115,7 @@ RELEASES = [
             cpu_tier="bug #1 fixed upstream",
             row_tier=NOT_DRIVEN,
             plugin=True,
+            dcp_resolves=version == "0.5.19",  # the first release sized by the allocator page
         )
         for version in ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22")
     ),
@@ -124,6 +127,7 @@ RELEASES = [
         fa3_tier=None,
         plugin=True,
         resolves=True,
+        dcp_resolves=True,
     ),
 ]
 BASE_VERSION = "0.5.14"
@@ -328,6 +332,57 @@ RESOLUTION_CASES = (
 )
 
 
+def check_dcp_resolution(row: Row, site: Path | None, version: str) -> None:
+    """DSA (page 64) under decode context parallel 2, EAGLE 3 / 1 / 4, context 2048: sglang's own
+    sizing with the widths a server's DCP group gives (allocator page 128), and ``--prove``
+    driving the same configuration (dcp included) agrees with the arithmetic: 57 columns where the
+    row misses the allocator page (0.5.16 - 0.5.18), none where it holds it (0.5.19+)."""
+    holds = release.form_for(version).row_holds_alloc_page
+    with tempfile.TemporaryDirectory() as tmp:
+        config = json.loads((REPO / "benchmark" / "tiny_dsa_model.json").read_text())
+        config["max_position_embeddings"] = 8192
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        launch = [
+            "--model-path",
+            tmp,
+            *EAGLE_3_4,
+            "--context-length",
+            "2048",
+            "--dcp-size",
+            "2",
+            "--tp-size",
+            "2",
+        ]
+        proc = subprocess.run(
+            [sys.executable, "-m", "sglang_dsa_fix", "status", "--json", "--sglang-root", str(site)]
+            + ["--gpu", "h200", "--prove", "--", *launch, "--device", "cuda"],
+            env=env_for(site),
+            capture_output=True,
+            text=True,
+        )
+    try:
+        report = json.loads(proc.stdout)
+        bug = next(b for b in report["bugs"] if b["bug"] == Bug.ROW_OVERFLOW.value)
+        at, widths = bug["at_configuration"], report["widths"]
+        got = (
+            widths["alloc_page_size"],
+            widths["row_extra"],
+            at["columns_past_row_end"],
+            at["measured"]["columns_past_row_end"],
+            at["measured"]["agrees_with_arithmetic"],
+            bug["state"],
+            proc.returncode,
+        )
+    except (ValueError, KeyError, StopIteration):
+        got = proc.stderr.strip()[-300:]
+    want = (128, 135, 0, 0, True, "not_reachable", 0) if holds else (128, 71, 57, 57, True, "affected", 1)
+    row.add(
+        "status --prove -- dsa h200 EAGLE 1 3 4 --dcp-size 2 (page, row, columns, measured, ...)",
+        got == want,
+        str(got),
+    )
+
+
 def check_resolution(row: Row, site: Path | None) -> None:
     """``status -- <launch args>`` against this release: sglang's own resolution decides."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -431,6 +486,8 @@ def main(argv=None) -> int:
                 row.add(name, True, f"skipped: {reason}")
         if case.resolves:
             check_resolution(row, site)
+        if case.dcp_resolves:
+            check_dcp_resolution(row, site, case.version)
         if case.upstream_tests is None:
             check_upstream_tests(row, tree, site)
         else:

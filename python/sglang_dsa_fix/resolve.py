@@ -507,14 +507,15 @@ def _widths(server_args) -> dict:
         from sglang.srt.runtime_context import publish
 
         publish(server_args, role="test")
-    out = {"row_extra": extra(*call), "decode_reserve": reserve(*call)}
-    # What the plugin's own hook makes of it, called as sglang calls the function.
-    out["row_extra_with_plugin"] = runtime_fix.row_extra_fix(module.__name__)(out["row_extra"], *call)
     page = getattr(module, "get_alloc_page_size", None)
-    # The allocator's page: sglang's own get_alloc_page_size() (0.5.19+), else the one rule
-    # (page_size x dcp_size, what 0.5.15 - 0.5.18 page the allocator by).
-    own = page is not None and not inspect.signature(page).parameters
-    out["alloc_page_size"] = int(page()) if own else width.alloc_page_size(server_args)
+    with runtime_fix.dcp_group_widths(getattr(server_args, "dcp_size", 1) or 1):  # as the server's groups
+        out = {"row_extra": extra(*call), "decode_reserve": reserve(*call)}
+        # What the plugin's own hook makes of it, called as sglang calls the function.
+        out["row_extra_with_plugin"] = runtime_fix.row_extra_fix(module.__name__)(out["row_extra"], *call)
+        # The allocator's page: sglang's own get_alloc_page_size() (0.5.19+), else the one rule
+        # (page_size x dcp_size, what 0.5.15 - 0.5.18 page the allocator by).
+        own = page is not None and not inspect.signature(page).parameters
+        out["alloc_page_size"] = int(page()) if own else width.alloc_page_size(server_args)
     out["sizing_function"] = f"{module.__name__}.get_req_to_token_extra_context_len"
     return {
         k: int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in out.items()
@@ -605,7 +606,7 @@ def child_main(argv: list) -> None:
         "widths": widths,
     }
     if options.get("prove"):
-        result["prove"] = _prove(config)
+        result["prove"] = _prove(config, widths)
     _emit(result)
 
 
@@ -615,10 +616,12 @@ PROVE_CONTEXT, PROVE_PROMPT = 256, 100
 PROVE_PREPARES = (release.EAGLE_PREPARE, release.DFLASH_PREPARE)
 
 
-def _prove(config: dict) -> dict:
+def _prove(config: dict, widths: dict) -> dict:
     """Drive the real spec-v2 decode path (sizing, pool, allocator, prepare, Triton kernel) for
     one request of this configuration to its last reservation, a canary in the next row. The
-    columns past the row end do not depend on the context length, so a short one stands in."""
+    columns past the row end depend on the context length only through its residue modulo the
+    allocator's page (``width.required_row_extra``), so a short context with the same residue
+    stands in; decode context parallel is driven as configured (the allocator pages page x dcp)."""
     algorithm = str(config.get("speculative_algorithm") or "").upper()
     if not algorithm:
         return {"skipped": "no speculative decoding"}
@@ -629,8 +632,11 @@ def _prove(config: dict) -> dict:
         from sglang_dsa_fix.proof import row_overflow
 
         D = config["speculative_num_draft_tokens"]
+        context = PROVE_CONTEXT + (int(config["context_length"]) - PROVE_CONTEXT) % (
+            widths.get("alloc_page_size") or 1
+        )
         case = row_overflow.RowCase(
-            PROVE_CONTEXT,
+            context,
             D,
             config.get("page_size") or 1,
             not config.get("disable_overlap_schedule"),
@@ -638,12 +644,13 @@ def _prove(config: dict) -> dict:
             topk=config.get("speculative_eagle_topk") or 1,
             num_steps=config.get("speculative_num_steps") or max(1, D - 1),
             algorithm=config["speculative_algorithm"],
+            dcp_size=config.get("attn_dcp_size") or config.get("dcp_size") or 1,
         )
         result = row_overflow.run(case)
     except Exception as exc:  # a release or algorithm the driver does not run
         return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     return {
-        "context_length": PROVE_CONTEXT,
+        "context_length": context,
         "prompt_len": PROVE_PROMPT,
         "row_extra": result.row_extra,
         "columns_past_row_end": result.columns_past_row_end,

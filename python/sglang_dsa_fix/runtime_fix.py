@@ -13,6 +13,7 @@ plain class patch for the tests, the demo and releases without the plugin API.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 
@@ -64,6 +65,32 @@ def sizing_module():
         if hasattr(module, release.ROW_SIZING_FUNCTION):
             return module
     return None
+
+
+@contextlib.contextmanager
+def dcp_group_widths(dcp_size: int):
+    """The decode-context-parallel widths a server's process groups give, where no group is built
+    (the resolution child, the CPU driver). 0.5.19 reads ``attn_dcp_size`` from a stamp that
+    ``initialize_model_parallel`` takes when it builds the groups (0.5.19
+    distributed/parallel_state.py:2517-2525, :2737; runtime_context.py:181 ``dcp_size if
+    dcp_enabled else 1``, the DCP group existing iff dcp_size > 1), else from the live group;
+    without either, the server's allocator page (``get_alloc_page_size``) is not what a CPU
+    process computes. Stamped here the same way and cleared after; a no-op on releases that
+    derive the width from the configuration (0.5.20+) or have no stamp (before 0.5.19)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        parallel = get_parallel()
+        stamp, clear = parallel.stamp_derived_widths, parallel.clear_derived_widths
+    except (ImportError, AttributeError, RuntimeError, ValueError):
+        yield
+        return
+    enabled = dcp_size > 1
+    stamp(dcp_enabled=enabled, attn_dcp_size=dcp_size if enabled else 1)
+    try:
+        yield
+    finally:
+        clear()
 
 
 def install_page_table_fix(cls):

@@ -51,7 +51,7 @@ from unittest import mock
 import torch
 
 from sglang_dsa_fix import release
-from sglang_dsa_fix.runtime_fix import sizing_module
+from sglang_dsa_fix.runtime_fix import dcp_group_widths, sizing_module
 
 CANARY = 0x5A5A5A5  # a slot index no allocator of these sizes hands out
 
@@ -166,7 +166,7 @@ def global_server_args(server_args):
     flags = {
         k: v for k, v in vars(server_args).items() if hasattr(probe, k) and not callable(getattr(probe, k))
     }
-    with context.override_server_args(**flags) as real:
+    with context.override_server_args(**flags) as real, dcp_group_widths(flags.get("dcp_size") or 1):
         yield real
 
 
