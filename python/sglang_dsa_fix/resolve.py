@@ -224,8 +224,11 @@ def resolve(
         *launch_args,
     ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
-    if prove and local_gpu() is None:
-        env["TRITON_INTERPRET"] = "1"  # sglang's Triton kernels on CPU: set before triton loads
+    if prove:
+        # The drive's tensors are CPU tensors, on a GPU host too (where compiled Triton refuses
+        # them: "Pointer argument cannot be accessed from Triton (cpu tensor?)"): sglang's
+        # Triton kernels run in Triton's interpreter; set before triton loads.
+        env["TRITON_INTERPRET"] = "1"
     started = time.monotonic()
     try:
         done = subprocess.run(
