@@ -1,0 +1,117 @@
+"""Hostile inputs to check / status (issue 25, reliability round 2): a resolution child that
+prints junk, floods its output or leaves a grandchild behind, numbers out of range, YAML alias
+bombs, FIFOs where the tool reads a file, escape codes from a server, unknown kill-switch
+values, a deep leftover tree and redirects that downgrade the scheme. Each ends in one line and
+exit 2 (JSON under ``--json``), or in a report that says what it took, never in a traceback, a
+hang or unbounded memory."""
+
+import json
+from pathlib import Path
+
+from helpers import PatchToolTestCase
+
+from sglang_dsa_fix import resolve
+
+REPO = Path(__file__).resolve().parents[1]
+MARK = resolve.RESULT_MARK
+WELL_FORMED = json.dumps(
+    {
+        "sglang_version": "0.5.14",
+        "configuration": {"speculative_algorithm": None, "context_length": 4096, "page_size": 1},
+        "sources": {"page_size": "sglang default"},
+        "widths": {"row_extra": 4, "decode_reserve": 1, "alloc_page_size": 1},
+    }
+)
+
+
+def _fake_python(where: Path, body: str) -> Path:
+    """An executable that stands in for the target's interpreter (``--python``)."""
+    script = where / "fake-python"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return script
+
+
+def _alive(pid: int) -> bool:
+    """Is the process there and not a zombie?"""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+class ResolveChildTestCase(PatchToolTestCase):
+    layout = "site-packages"
+
+    def status(self, fake: Path, *extra):
+        return self.cli("status", *extra, "--python", str(fake), "--", "--model-path", "x")
+
+    def assertOneLineError(self, rc, out, err, part=None, json_expected=False):
+        self.assertEqual(rc, 2, (out, err))
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        if part is not None:
+            self.assertIn(part, err)
+        if json_expected:
+            report = json.loads(out)
+            self.assertEqual(report["exit_code"], 2)
+            self.assertEqual(report["error"], err.strip().split(": error: ", 1)[1])
+        else:
+            self.assertEqual(out, "")
+
+
+class TestResultLineSchema(ResolveChildTestCase):
+    """E: the child's result line is parsed with a size cap and a schema."""
+
+    CASES = {
+        "junk": "junk{",
+        "empty object": "{}",
+        "list": "[1, 2]",
+        "error without text": '{"error_kind": "import"}',
+        "unknown error kind": '{"error_kind": "other", "error": "x"}',
+        "wrong type": json.dumps(
+            {
+                "sglang_version": "0.5.14",
+                "configuration": {"context_length": "long"},
+                "sources": {},
+                "widths": {"row_extra": 1, "decode_reserve": 2},
+            }
+        ),
+        "no widths": json.dumps(
+            {
+                "sglang_version": "0.5.14",
+                "configuration": {"context_length": 4096},
+                "sources": {},
+                "widths": {},
+            }
+        ),
+        "no allocator page": json.dumps(
+            {
+                "sglang_version": "0.5.14",
+                "configuration": {"context_length": 4096},
+                "sources": {},
+                "widths": {"row_extra": 1, "decode_reserve": 2, "alloc_page_size": 0},
+            }
+        ),
+    }
+
+    def test_bad_result_lines_are_one_line_exit_2(self):
+        for name, line in self.CASES.items():
+            fake = _fake_python(self.tmp, f"printf '%s\\n' '{MARK}{line}'\n")
+            for extra in ((), ("--json",)):
+                with self.subTest(name=name, json=bool(extra)):
+                    rc, out, err = self.status(fake, *extra)
+                    self.assertOneLineError(rc, out, err, "no result this tool reads", bool(extra))
+
+    def test_oversized_result_line(self):
+        size = 2 << 20  # over the cap (1 MiB)
+        fake = _fake_python(self.tmp, f"printf '{MARK}'; head -c {size} /dev/zero | tr '\\0' 1; echo\n")
+        rc, out, err = self.status(fake, "--json")
+        self.assertOneLineError(rc, out, err, "no result this tool reads", True)
+
+    def test_a_well_formed_result_is_still_read(self):
+        fake = _fake_python(self.tmp, f"printf '%s\\n' 'noise' '{MARK}{WELL_FORMED}'\n")
+        rc, out, err = self.status(fake, "--json")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(json.loads(out)["basis"], "sglang")
