@@ -6,7 +6,12 @@ exit 2 (JSON under ``--json``), or in a report that says what it took, never in 
 hang or unbounded memory."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
+from unittest import mock
 
 from helpers import PatchToolTestCase
 
@@ -115,3 +120,60 @@ class TestResultLineSchema(ResolveChildTestCase):
         rc, out, err = self.status(fake, "--json")
         self.assertEqual(rc, 0, err)
         self.assertEqual(json.loads(out)["basis"], "sglang")
+
+
+class TestChildOutputCap(ResolveChildTestCase):
+    """G: what is read from the child is capped (400 MB on stdout took 1.2 GB)."""
+
+    def peak_rss_mib(self, fake: Path) -> tuple:
+        code = (
+            "import resource, sys\n"
+            "from sglang_dsa_fix import cli\n"
+            "rc = cli.main(sys.argv[1:])\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10, file=sys.stderr)\n"
+            "sys.exit(rc)\n"
+        )
+        argv = ["status", "--sglang-root", str(self.tmp), "--python", str(fake), "--", "--model-path", "x"]
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300
+        )
+        *lines, peak = done.stderr.strip().splitlines()
+        self.assertTrue(peak.isdigit(), done.stderr[-2000:])
+        return done.returncode, lines, int(peak)
+
+    def test_a_flood_on_stdout_is_cut_at_the_cap(self):
+        quiet = _fake_python(self.tmp, "exit 3\n")
+        _, _, baseline = self.peak_rss_mib(quiet)
+        flood = 96 << 20  # the cap is a few MiB: reading it all costs several times this
+        fake = _fake_python(self.tmp, f"head -c {flood} /dev/zero\nprintf '\\n%s\\n' '{MARK}{WELL_FORMED}'\n")
+        rc, lines, peak = self.peak_rss_mib(fake)
+        self.assertLess(peak - baseline, 48, f"peak {peak} MiB, {baseline} MiB without the flood")
+        self.assertEqual(rc, 2, lines)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("MiB of output", lines[0])
+
+
+class TestChildProcessGroup(ResolveChildTestCase):
+    """L: a grandchild of a hung resolution child does not outlive the deadline."""
+
+    def test_the_whole_group_is_killed_at_the_deadline(self):
+        pidfile = self.tmp / "grandchild.pid"
+        fake = _fake_python(
+            self.tmp, f"sleep 300 </dev/null >/dev/null 2>&1 &\necho $! > {pidfile}\nexec sleep 300\n"
+        )
+        pid = None
+        try:
+            with mock.patch.object(resolve, "CHILD_TIMEOUT_S", 2.0):
+                start = time.monotonic()
+                rc, out, err = self.status(fake)
+            self.assertLess(time.monotonic() - start, 30)
+            self.assertOneLineError(rc, out, err, "within 2 s")
+            pid = int(pidfile.read_text())
+            for _ in range(50):  # SIGKILL is delivered at once; the reaping may lag
+                if not _alive(pid):
+                    break
+                time.sleep(0.1)
+            self.assertFalse(_alive(pid), f"grandchild {pid} outlived the deadline")
+        finally:
+            if pid is not None and _alive(pid):
+                os.kill(pid, 9)
