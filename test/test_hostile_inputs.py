@@ -10,10 +10,11 @@ import os
 import subprocess
 import sys
 import time
+import unittest
 from pathlib import Path
 from unittest import mock
 
-from helpers import PatchToolTestCase
+from helpers import PatchToolTestCase, run_cli
 
 from sglang_dsa_fix import resolve
 
@@ -177,3 +178,39 @@ class TestChildProcessGroup(ResolveChildTestCase):
         finally:
             if pid is not None and _alive(pid):
                 os.kill(pid, 9)
+
+
+class TestNumbersInRange(unittest.TestCase):
+    """I: numeric options are validated (``--timeout 1e10`` was an OverflowError traceback)."""
+
+    CASES = [
+        ["--url", "http://127.0.0.1:1", "--timeout", "1e10"],
+        ["--url", "http://127.0.0.1:1", "--timeout", "1e300"],
+        ["--url", "http://127.0.0.1:1", "--timeout", "-inf"],
+        ["--context-length", "9" * 30, "--speculative-num-draft-tokens", "5"],
+        ["--context-length", "4096", "--speculative-num-draft-tokens", "9" * 30],
+        ["--context-length", "4096", "--speculative-num-draft-tokens", "5", "--page-size", "9" * 5000],
+        ["--context-length", "9" * 5000 + "Ki", "--speculative-num-draft-tokens", "5"],
+    ]
+
+    def test_out_of_range_is_one_line_exit_2(self):
+        for argv in self.CASES:
+            for extra in ((), ("--json",)):
+                with self.subTest(argv=[a[:12] for a in argv], json=bool(extra)):
+                    rc, out, err = run_cli("status", *argv, *extra)
+                    self.assertEqual(rc, 2, (out, err))
+                    self.assertNotIn("Traceback", err)
+                    self.assertEqual(len(err.strip().splitlines()), 1, err)
+                    self.assertLess(len(err), 300, err)
+                    if extra:
+                        self.assertEqual(json.loads(out)["exit_code"], 2)
+                    else:
+                        self.assertEqual(out, "")
+
+    def test_the_library_checks_the_deadline_too(self):
+        from sglang_dsa_fix import server_status
+        from sglang_dsa_fix.errors import ToolError
+
+        for timeout in (1e10, float("nan"), 0.0):
+            with self.subTest(timeout=timeout), self.assertRaises(ToolError):
+                server_status.from_server("http://127.0.0.1:1", timeout=timeout)

@@ -16,6 +16,7 @@ from sglang_dsa_fix import __version__, source_patch
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.errors import EXIT_ERROR, EXIT_OK, ToolError
 from sglang_dsa_fix.resolve import GPU_PROFILE_NAMES
+from sglang_dsa_fix.server_status import MAX_TIMEOUT
 from sglang_dsa_fix.verdicts import Bug
 
 PROG = "sglang-dsa-fix"
@@ -228,10 +229,17 @@ def run_demo(args) -> tuple[dict, str, int]:
     return {"exit_code": code}, "", code
 
 
+# Integer options' range: sglang's token counts are int32 (req_to_token's dtype).
+MAX_INT_OPTION = 2**31 - 1
+
+
 def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    try:
+        value = int(text)
+    except ValueError:  # also: more digits than int() converts
+        value = 0
+    if not 0 < value <= MAX_INT_OPTION:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_INT_OPTION}, got {text[:40]}")
     return value
 
 
@@ -240,8 +248,10 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    if not 0 < value <= MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, got {text[:40]}"
+        )
     return value
 
 
@@ -255,14 +265,21 @@ def _human_int(text: str) -> int:
     import re
     from decimal import Decimal
 
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?", text.strip())
-    if not match or (match[2] in _IEC and "." in match[1]) or (match[2] is None and "." in match[1]):
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?", text.strip()[:64])
+    if (
+        len(text.strip()) > 64
+        or not match
+        or (match[2] in _IEC and "." in match[1])
+        or (match[2] is None and "." in match[1])
+    ):
         raise argparse.ArgumentTypeError(
-            f"invalid integer {text!r}: a plain integer, SI (25.6k, 1M) or IEC (160Ki) suffixes"
+            f"invalid integer {text[:40]!r}: a plain integer, SI (25.6k, 1M) or IEC (160Ki) suffixes"
         )
     number, suffix = match.groups()
     value = int(Decimal(number) * (_SI.get(suffix) or _IEC.get(suffix) or 1))
-    return _positive(str(value))
+    if not 0 < value <= MAX_INT_OPTION:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_INT_OPTION}, got {text}")
+    return value
 
 
 def _directory(text: str) -> str:
@@ -293,8 +310,8 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         if _Parser.json_requested:
             print(json.dumps(_contract({"error": message, "exit_code": EXIT_ERROR})))
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+        # One line, as every other failure (the usage is one `--help` away).
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ from sglang_dsa_fix.errors import EXIT_AFFECTED, EXIT_CANNOT_TELL, EXIT_PROTECTE
 from sglang_dsa_fix.verdicts import combined_exit
 
 DEFAULT_TIMEOUT = 30.0  # seconds, for connect + headers + body together
+MAX_TIMEOUT = 86400.0  # a longer deadline is a typo (and past time_t an OverflowError in socket)
 MAX_BODY = 16 << 20  # bytes; a /server_info is a few KiB per rank
 MAX_REDIRECTS = 5
 CHUNK = 64 << 10
@@ -137,6 +138,8 @@ def _get(url: str, headers: dict, deadline: float) -> tuple[int, Optional[str], 
 
 def fetch(url: str, timeout: float = DEFAULT_TIMEOUT, api_key: Optional[str] = None) -> tuple[str, object]:
     """(endpoint, parsed JSON) of ``/server_info``, following up to MAX_REDIRECTS redirects."""
+    if not 0 < timeout <= MAX_TIMEOUT:  # also NaN
+        raise ToolError(f"timeout {timeout!r}: must be above 0 and at most {MAX_TIMEOUT:g} seconds")
     endpoint = current = endpoint_of(url)
     origin = urlsplit(endpoint).netloc
     deadline = time.monotonic() + timeout
