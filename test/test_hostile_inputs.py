@@ -214,3 +214,55 @@ class TestNumbersInRange(unittest.TestCase):
         for timeout in (1e10, float("nan"), 0.0):
             with self.subTest(timeout=timeout), self.assertRaises(ToolError):
                 server_status.from_server("http://127.0.0.1:1", timeout=timeout)
+
+
+ESC = "\x1b]0;owned\x07\x1b[2J"
+
+
+class TestControlCharactersEscaped(PatchToolTestCase):
+    """K: strings from a server (and from the files) are printed with their control characters
+    escaped: no line on the operator's terminal that the input wrote; JSON stays exact."""
+
+    def test_server_info_strings(self):
+        from test_server_status import answer, serve
+
+        version = f"0.5.14{ESC}\nbug #1 CUDA-graph page_table width: protected"
+        state = {
+            "version": "x",
+            "bugs": {
+                "page_table": {"state": f"applied\r\nFAKE{ESC}"},
+                "row\x1b[31m\u202e": {"state": "applied\u2028FAKE"},
+            },
+            "watch": {f"c{ESC}\nFAKE": 1, "first_violation": {"at": "x\ny"}},
+            "summary": "s",
+        }
+        data = {"version": version, "internal_states": [{"sglang_dsa_fix": state}, {"other": 1}]}
+        with serve(answer(data)) as (_, url):
+            rc, out, err = run_cli("status", "--url", url)
+            rc_json, out_json, _ = run_cli("status", "--url", url, "--json")
+        self.assertEqual(rc, 1, err)  # the watch counter
+        for char in ("\x1b", "\x07", "\r", "\u2028", "\u202e"):
+            self.assertNotIn(char, out)
+        self.assertFalse([line for line in out.splitlines() if line.startswith(("FAKE", "bug #1"))], out)
+        self.assertIn("\\x1b[2J", out)
+        self.assertIn("applied\\r\\nFAKE", out)
+        self.assertEqual(len(out.splitlines()), 8, out)  # server, header, 2 ranks, 4 notes
+        report = json.loads(out_json)
+        self.assertEqual((rc_json, report["sglang_version"]), (1, version))
+        self.assertEqual(report["ranks"][0]["bugs"]["page_table"]["state"], f"applied\r\nFAKE{ESC}")
+
+    def test_paths_and_errors(self):
+        evil = self.tmp / f"tree{ESC}\nbug #2 FAKE"
+        evil.mkdir()
+        (self.tmp / "python").rename(evil / "python")
+        rc, out, err = run_cli("check", "--sglang-root", str(evil))
+        self.assertIn(rc, (0, 1), err)
+        self.assertNotIn("\x1b", out)
+        self.assertTrue(all(line.startswith(("bug #", "  ", "note:")) for line in out.splitlines()), out)
+        self.assertFalse(
+            [line for line in out.splitlines() if "FAKE" in line and line.startswith("bug #2 F")]
+        )
+        rc, out, err = run_cli("check", "--sglang-root", str(evil / "nothing\x1b[2J\nhere"))
+        self.assertEqual(rc, 2)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertNotIn("\x1b", err)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 from sglang_dsa_fix import __version__, source_patch
@@ -20,6 +21,30 @@ from sglang_dsa_fix.server_status import MAX_TIMEOUT
 from sglang_dsa_fix.verdicts import Bug
 
 PROG = "sglang-dsa-fix"
+# What a terminal acts on instead of showing: C0 (escape sequences, newlines, carriage returns),
+# DEL, C1, the Unicode line separators and the bidi embeddings / overrides / isolates.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+MAX_ERROR_LINE = 500  # characters of an error message printed (the rest is cut, and said so)
+
+
+def printable(text) -> str:
+    """Text from outside the tool (a server's strings, a file's bytes, a path) as it is printed
+    on a terminal: each control character as its escape (``\\x1b``, ``\\n``, ``\\u202e``), so
+    what a line shows is what it holds and no input can start a line of its own. JSON output
+    carries the exact strings."""
+    return _CONTROL.sub(_escape, str(text))
+
+
+def _escape(match) -> str:
+    code = ord(match.group())
+    return {10: "\\n", 13: "\\r", 9: "\\t"}.get(code) or (
+        f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    )
+
+
+def _text(lines) -> str:
+    """The terminal text of a command: one printable line per entry."""
+    return "\n".join(printable(line) for line in lines)
 
 
 def _state_line(state: dict) -> str:
@@ -37,14 +62,14 @@ def run_check(args) -> tuple[dict, str, int]:
     lines += [f"  advice: {b['advice']}" for b in report["bugs"] if "advice" in b]
     if report.get("version_note"):
         lines.append(f"note: {report['version_note']}")
-    return report, "\n".join(lines), report["exit_code"]
+    return report, _text(lines), report["exit_code"]
 
 
 def _outcome_text(outcome) -> str:
     verb = {"apply": "applied", "revert": "reverted"}[outcome.action]
     lines = [f"{verb}: {path}" for path in outcome.changed] or [f"nothing to {outcome.action}"]
     lines += [f"removed: {path}" for path in outcome.removed]
-    return "\n".join(lines + [_state_line(s) for s in outcome.to_dict()["bugs"]])
+    return _text(lines + [_state_line(s) for s in outcome.to_dict()["bugs"]])
 
 
 def run_apply(args) -> tuple[dict, str, int]:
@@ -113,10 +138,11 @@ def render_server(report: dict) -> str:
         notes += [f"{role} rank {rank['rank']}: {note}" for note in rank["notes"]]
         states = [rank["bugs"].get(name, {}).get("state", "-") for name in names]
         rows.append([role, str(rank["rank"]), *states, str(rank["exit_code"])])
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    table = [[printable(cell) for cell in row] for row in [header, *rows]]  # aligned as shown
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = [f"server {report['endpoint']} (sglang {report['sglang_version'] or 'version unknown'})"]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
-    return "\n".join(lines + notes + report["notes"])
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    return _text(lines + notes + report["notes"])
 
 
 def _configuration_lines(report: dict) -> list:
@@ -135,10 +161,10 @@ def _configuration_lines(report: dict) -> list:
     return [f"{head}:", f"  {values}"]
 
 
-def _at_configuration_line(bug: dict) -> str:
+def _at_configuration_lines(bug: dict) -> list:
     at = bug["at_configuration"]
     if at.get("why_not"):
-        return f"  at this configuration: not reachable ({at['why_not']})"
+        return [f"  at this configuration: not reachable ({at['why_not']})"]
     if bug["bug"] == Bug.PAGE_TABLE.value:
         verdict = (
             f"target_verify overflows for seq_len {at['overflowing_seq_lens'][0]}.."
@@ -148,34 +174,35 @@ def _at_configuration_line(bug: dict) -> str:
             if at["reachable"] is False
             else "width expression not evaluated"
         )
-        return (
+        return [
             f"  at this configuration: req_to_token width {at['req_to_token_width']}, graph "
             f"page_table width {at['graph_page_table_width']} ({at['graph_page_table_from']}), longest "
             "target_verify seq_len "
             f"{at['longest_verify_seq_len']} -> {verdict}"
-        )
+        ]
     verdict = (
         f"the last decode reservation writes {at['columns_past_row_end']} column(s) into the next "
         "request's row"
         if at["reachable"]
         else "no write past the row end"
     )
-    line = (f"  note: {at['note']}\n" if "note" in at else "") + (
+    lines = [f"  note: {at['note']}"] if "note" in at else []
+    lines.append(
         f"  at this configuration: row headroom {at['row_extra']}, decode reservation "
         f"{at['decode_reserve']}, allocator page {at['alloc_page_size']}, needs {at['row_extra_needed']} -> "
         f"{verdict} (with the fix: headroom {at['row_extra_with_fix']})"
     )
     proof = at.get("measured")
     if proof is None:
-        return line
+        return lines
     if "columns_past_row_end" not in proof:
-        return line + f"\n  --prove: {proof.get('error') or proof.get('skipped')}"
-    return line + (
-        f"\n  --prove (sglang's decode path, context {proof['context_length']}): "
+        return lines + [f"  --prove: {proof.get('error') or proof.get('skipped')}"]
+    return lines + [
+        f"  --prove (sglang's decode path, context {proof['context_length']}): "
         f"{proof['columns_past_row_end']} column(s) past the row end, "
         f"{proof['neighbour_cells_changed']} neighbour cell(s) changed, {proof['leaked_slots']} slot(s) leaked"
         + ("" if proof.get("agrees_with_arithmetic", True) else " — DISAGREES with the arithmetic")
-    )
+    ]
 
 
 def render_status(report: dict) -> str:
@@ -198,10 +225,10 @@ def render_status(report: dict) -> str:
         if bug["detail"]:
             lines.append(f"  {bug['detail']}")
         if "at_configuration" in bug:
-            lines.append(_at_configuration_line(bug))
+            lines += _at_configuration_lines(bug)
         if "advice" in bug:
             lines.append(f"  advice: {bug['advice']}")
-    return "\n".join(lines)
+    return _text(lines)
 
 
 def run_demo(args) -> tuple[dict, str, int]:
@@ -308,6 +335,7 @@ class _Parser(argparse.ArgumentParser):
     json_requested = False
 
     def error(self, message):
+        message = _error_line(message)
         if _Parser.json_requested:
             print(json.dumps(_contract({"error": message, "exit_code": EXIT_ERROR})))
         # One line, as every other failure (the usage is one `--help` away).
@@ -520,6 +548,15 @@ def _json_flag(arg: str) -> str:
     return "--no-json" if value in ("0", "false", "no", "off", "") else "--json"
 
 
+def _error_line(message: str) -> str:
+    """An error message as printed, on stderr and in JSON alike: one printable line of at most
+    MAX_ERROR_LINE characters (a file or a child can put anything in an exception's text)."""
+    message = printable(message)
+    if len(message) > MAX_ERROR_LINE:
+        message = f"{message[: MAX_ERROR_LINE - 40]}... ({len(message)} characters, cut)"
+    return message
+
+
 SCHEMA_VERSION = 1
 
 
@@ -530,6 +567,7 @@ def _contract(data: dict) -> dict:
 
 
 def _fail(args, message: str) -> int:
+    message = _error_line(message)
     print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
     if args.json:
         print(json.dumps(_contract({"command": args.command, "error": message, "exit_code": EXIT_ERROR})))
