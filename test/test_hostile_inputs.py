@@ -7,8 +7,10 @@ hang or unbounded memory."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 from pathlib import Path
@@ -266,3 +268,46 @@ class TestControlCharactersEscaped(PatchToolTestCase):
         self.assertEqual(rc, 2)
         self.assertEqual(len(err.strip().splitlines()), 1, err)
         self.assertNotIn("\x1b", err)
+
+
+LOL = '["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]'
+# Anchors inside one key's value (sglang str()s each list item into an argument): argparse then
+# quotes the expansion, some 8 KB per level here (the issue's 9 levels: 118 MB).
+ALIAS_BOMB = (
+    f"model-path: [&a {LOL}, "
+    + ", ".join(f"&{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip("abc", "bcd"))
+    + "]\n"
+)
+
+
+class TestConfigFile(unittest.TestCase):
+    """F: a --config YAML alias bomb (408 bytes: a 118 MB error line, 1.9 GB) is refused before
+    sglang's merger reads it; so is a FIFO (sglang's open() waited on it)."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="dsa-fix-config-"))
+        self.addCleanup(shutil.rmtree, self.tmp)
+
+    def status(self, config: Path, *extra):
+        with mock.patch.object(resolve, "CHILD_TIMEOUT_S", 60.0):
+            return run_cli("status", *extra, "--", "--config", str(config))
+
+    def test_alias_bomb(self):
+        bomb = self.tmp / "bomb.yaml"
+        bomb.write_text(ALIAS_BOMB)
+        self.assertLess(len(ALIAS_BOMB), 400)
+        rc, out, err = self.status(bomb, "--json")
+        self.assertEqual(rc, 2, err[:2000])
+        self.assertEqual(len(err.strip().splitlines()), 1, err[:2000])
+        self.assertLess(len(err), 600, err[:2000])
+        self.assertIn("27 YAML aliases, more than", err)
+        self.assertEqual(json.loads(out)["exit_code"], 2)
+
+    def test_fifo(self):
+        fifo = self.tmp / "server.yaml"
+        os.mkfifo(fifo)
+        start = time.monotonic()
+        rc, out, err = self.status(fifo)
+        self.assertEqual(rc, 2, err[:2000])
+        self.assertIn("not a regular file", err)
+        self.assertLess(time.monotonic() - start, 50)

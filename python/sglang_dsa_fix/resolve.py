@@ -285,6 +285,8 @@ def resolve(
     except OSError as exc:
         raise ToolError(f"{interpreter}: cannot run ({exc.strerror})") from None
     result = read_result(interpreter, returncode, stdout, stderr)
+    if result.get("error_kind") == "refused":
+        raise ToolError(result["error"])
     if result.get("error_kind") == "import":
         return static_fallback(launch_args, form, f"{interpreter} cannot import sglang ({result['error']})")
     if "error" in result:
@@ -622,6 +624,54 @@ def _warm_up(launch_args: list) -> None:
             pass
 
 
+# A --config file is read by sglang's ConfigArgumentMerger (yaml.safe_load, then every value
+# str()-ed into arguments): a few hundred bytes of nested aliases expand to gigabytes there.
+# Checked first (``_config_refusal``): a regular file, at most MAX_CONFIG_BYTES, at most
+# MAX_YAML_ALIASES aliases (a merge key ``<<: *defaults`` is one; 8 of them expand a file at most
+# some 20 times).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_ALIASES = 8
+
+
+def _config_refusal(argv: list) -> Optional[str]:
+    """Why a ``--config FILE`` among the launch arguments is not handed to sglang, or None.
+    A file that cannot be opened or parsed is sglang's to report."""
+    import stat
+
+    for path in [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--config"]:
+        try:  # O_NONBLOCK: a FIFO answers at once, and is refused below
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return f"--config {path}: not a regular file"
+            if st.st_size > MAX_CONFIG_BYTES:
+                return f"--config {path}: {st.st_size} bytes, over the {MAX_CONFIG_BYTES} byte cap"
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                data = handle.read(MAX_CONFIG_BYTES + 1)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            import yaml
+
+            aliases = sum(
+                isinstance(token, yaml.AliasToken)
+                for token in yaml.scan(data.decode("utf-8", "replace"), Loader=yaml.SafeLoader)
+            )
+        except Exception:  # no yaml here, or not YAML: sglang says so
+            continue
+        if aliases > MAX_YAML_ALIASES:
+            return (
+                f"--config {path}: {aliases} YAML aliases, more than {MAX_YAML_ALIASES}: not handed "
+                "to sglang (nested aliases expand without bound); write the values out"
+            )
+    return None
+
+
 def _given_and_defaults(argv: list) -> tuple:
     """(the parser's values, the dests the arguments set, the dests only ``--config`` sets):
     sglang's own parser, with ``--config FILE`` merged as ``prepare_server_args`` merges it
@@ -766,6 +816,10 @@ def child_main(argv: list) -> None:
 
     options, launch_args = json.loads(argv[0]), argv[1:]
     profile = options["profile"]
+    refused = _config_refusal(launch_args)
+    if refused is not None:
+        _emit({"error_kind": "refused", "error": refused})
+        return
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             _preimport()
@@ -854,5 +908,10 @@ def _prove(config: dict, widths: dict) -> dict:
     }
 
 
+MAX_CHILD_ERROR = 2000  # characters of an error the child reports (argparse can quote megabytes)
+
+
 def _emit(result: dict) -> None:
+    if isinstance(result.get("error"), str) and len(result["error"]) > MAX_CHILD_ERROR:
+        result["error"] = result["error"][:MAX_CHILD_ERROR] + f"... ({len(result['error'])} characters, cut)"
     print(RESULT_MARK + json.dumps(result, default=str), flush=True)
