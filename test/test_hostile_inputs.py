@@ -311,3 +311,62 @@ class TestConfigFile(unittest.TestCase):
         self.assertEqual(rc, 2, err[:2000])
         self.assertIn("not a regular file", err)
         self.assertLess(time.monotonic() - start, 50)
+
+
+PLUGIN_ENTRY_POINTS = "[sglang.srt.plugins]\nsglang_dsa_fix = sglang_dsa_fix.plugin:register\n"
+
+
+class TestFifoWhereAFileIsRead(PatchToolTestCase):
+    """H: a FIFO at a dist-info METADATA, the package's _version.py, an entry_points.txt or a
+    .pth hung check and status for ever; now refused at once (a version file that is not a
+    regular file is skipped as an unreadable one is, the others read as absent)."""
+
+    layout = "site-packages"
+
+    def run_tool(self, command: str) -> tuple:
+        argv = [sys.executable, "-m", "sglang_dsa_fix", command, "--sglang-root", str(self.tmp), "--json"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=15)
+        except subprocess.TimeoutExpired:
+            self.fail(f"{command} waited on a FIFO (killed after 15 s)")
+        return done.returncode, done.stdout, done.stderr
+
+    def fifo_at(self, relative: str) -> None:
+        path = self.tmp / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            path.unlink()
+        os.mkfifo(path)
+
+    def plugin_metadata(self, entry_points: bool = True) -> None:
+        dist = self.tmp / "sglang_dsa_fix-0.3.0.dist-info"
+        dist.mkdir()
+        if entry_points:
+            (dist / "entry_points.txt").write_text(PLUGIN_ENTRY_POINTS)
+
+    def assertAnswers(self):
+        for command in ("check", "status"):
+            with self.subTest(command=command):
+                rc, out, err = self.run_tool(command)
+                self.assertIn(rc, (0, 1), err)
+                report = json.loads(out)
+                self.assertFalse(report["plugin"]["installed"])
+
+    def test_metadata(self):
+        self.fifo_at("sglang-0.5.14.dist-info/METADATA")
+        self.assertAnswers()
+
+    def test_version_file(self):
+        self.fifo_at("sglang/_version.py")
+        self.assertAnswers()
+        self.assertIsNone(json.loads(self.run_tool("check")[1])["sglang_version"])  # as unreadable
+
+    def test_entry_points(self):
+        self.plugin_metadata(entry_points=False)
+        self.fifo_at("sglang_dsa_fix-0.3.0.dist-info/entry_points.txt")
+        self.assertAnswers()
+
+    def test_pth(self):
+        self.plugin_metadata()
+        self.fifo_at("editable.pth")
+        self.assertAnswers()

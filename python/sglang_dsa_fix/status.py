@@ -24,6 +24,7 @@ from sglang_dsa_fix import bugs, classify, plugin, release, resolve
 from sglang_dsa_fix import tree as trees
 
 PLUGIN_VALUE_PREFIX = "sglang_dsa_fix."
+MAX_METADATA_FILE = 1 << 20  # bytes read of an entry_points.txt or a .pth
 KILL_SWITCH_NOTE = (
     f"enabled unless {plugin.KILL_SWITCH}=0 (or SGLANG_PLUGINS naming neither "
     f"{' nor '.join(plugin.ENTRY_POINT_NAMES)}) in the server's environment"
@@ -49,8 +50,8 @@ def _package_in(site_dir: Path) -> bool:
     if (site_dir / "sglang_dsa_fix" / "plugin.py").is_file():
         return True
     for pth in site_dir.glob("*.pth"):
-        try:
-            lines = pth.read_text(errors="replace").splitlines()
+        try:  # a FIFO / device there is skipped at once, never waited on
+            lines = trees.read_text(pth, MAX_METADATA_FILE).splitlines()
         except OSError:
             continue
         for line in lines:
@@ -63,8 +64,8 @@ def _package_in(site_dir: Path) -> bool:
 def plugin_installed_in(site_dir: Path) -> bool:
     """Does this site directory register our plugin and hold its code (what load_plugins sees)?"""
     for entry_points in site_dir.glob("*.dist-info/entry_points.txt"):
-        try:
-            if _declares_plugin(entry_points.read_text(errors="replace")):
+        try:  # a FIFO / device there is skipped at once, never waited on
+            if _declares_plugin(trees.read_text(entry_points, MAX_METADATA_FILE)):
                 return _package_in(site_dir)
         except OSError:
             continue

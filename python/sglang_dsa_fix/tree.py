@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.release import VERSION_FILES
+
+MAX_VERSION_FILE = 1 << 16  # bytes read of a _version.py / version.py (a few hundred in sglang)
 
 
 @dataclass(frozen=True)
@@ -73,14 +78,31 @@ def _refuse_leftovers(package: Path) -> None:
         )
 
 
+def read_text(path, limit: int) -> str:
+    """At most ``limit`` bytes of the regular file at ``path`` (links followed), as text with
+    undecodable bytes replaced. OSError for anything else: a FIFO, a device or a directory is
+    refused at once (opened with O_NONBLOCK, checked with fstat), never waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        chunks, size = [], 0
+        while size < limit and (chunk := os.read(fd, min(1 << 16, limit - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
 def read_version(package: Path) -> Optional[str]:
     """The installed distribution's version (``sglang-*.dist-info/METADATA`` beside the package,
     what pip reports), else the package's own ``_version.py`` (setuptools-scm, 0.5.9+) or
-    ``version.py`` (older), as a checkout has it."""
+    ``version.py`` (older), as a checkout has it. A file that cannot be read, or is not a
+    regular file (``read_text``), is skipped."""
     for metadata in sorted(package.parent.glob("sglang-*.dist-info/METADATA")):
         try:
-            with open(metadata, errors="replace") as handle:
-                head = handle.read(4096)
+            head = read_text(metadata, 4096)
         except OSError:
             continue
         match = re.search(r"^Name:\s*sglang\s*$.*?^Version:\s*(\S+)", head, re.M | re.S | re.I)
@@ -88,7 +110,7 @@ def read_version(package: Path) -> Optional[str]:
             return match.group(1)
     for name in VERSION_FILES:
         try:
-            text = (package / name).read_text(errors="replace")
+            text = read_text(package / name, MAX_VERSION_FILE)
         except OSError:
             continue
         match = re.search(r"^__version__\s*=\s*(?:version\s*=\s*)?[\"']([^\"']+)", text, re.M)
