@@ -370,3 +370,40 @@ class TestFifoWhereAFileIsRead(PatchToolTestCase):
         self.plugin_metadata()
         self.fifo_at("editable.pth")
         self.assertAnswers()
+
+
+class TestUnknownKillSwitchValue(unittest.TestCase):
+    """S: ``SGLANG_DSA_FIX=disable`` meant enabled, silently: now a warning in the plugin's log,
+    and the state and ``status`` say the value taken."""
+
+    def register(self, value: str):
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        from sglang_dsa_fix import plugin
+
+        with (
+            mock.patch.dict(os.environ, {plugin.KILL_SWITCH: value}),
+            mock.patch.dict(plugin.STATE, {"pid": None, "bugs": {}}),
+            mock.patch.object(plugin, "decide", return_value=[]),
+            mock.patch.object(HookRegistry, "register"),
+        ):
+            plugin.register()
+            return plugin.STATE["kill_switch"]
+
+    def test_plugin_warns_and_states_the_value_taken(self):
+        with self.assertLogs("sglang_dsa_fix", level="WARNING") as logs:
+            state = self.register("disable")
+        self.assertEqual(len(logs.output), 1, logs.output)
+        self.assertIn("SGLANG_DSA_FIX='disable' is not a known value", logs.output[0])
+        self.assertIn("taken as enabled", logs.output[0])
+        self.assertTrue(state.startswith("SGLANG_DSA_FIX='disable': enabled (not a known value"), state)
+        for value, taken in (("off", "disabled"), (" Yes ", "enabled"), ("", "enabled")):
+            with self.subTest(value=value), self.assertNoLogs("sglang_dsa_fix", level="WARNING"):
+                self.assertEqual(self.register(value), f"SGLANG_DSA_FIX={value!r}: {taken}")
+
+    def test_status_states_the_value_taken(self):
+        with mock.patch.dict(os.environ, {"SGLANG_DSA_FIX": "disable"}):
+            rc, out, err = run_cli("check", "--json")
+        note = json.loads(out)["plugin"]["kill_switch"]
+        self.assertIn("any other value but 1 / true / yes / on is taken as enabled", note)
+        self.assertIn("here SGLANG_DSA_FIX='disable': enabled (not a known value", note)

@@ -16,7 +16,9 @@ It never raises into sglang: a failing hook logs one warning and leaves sglang's
 ``load_plugins()`` runs before sglang configures logging, so the state is logged again from
 the first hook call in each scheduler process, where logging is set up.
 
-Kill switch: ``SGLANG_DSA_FIX`` = 0 / false / no / off (any case) disables both fixes.
+Kill switch: ``SGLANG_DSA_FIX`` = 0 / false / no / off (any case) disables both fixes; 1 / true /
+yes / on or unset enables them; any other value enables them too, with a warning in the log, and
+the state (``kill_switch``) says which value was taken how.
 ``SGLANG_PLUGINS`` (sglang's own allow-list) applies as for any plugin; this one is named
 ``sglang_dsa_fix`` (and, for older allow-lists, ``dsa_page_table_width``).
 """
@@ -38,6 +40,7 @@ logger = logging.getLogger("sglang_dsa_fix")
 ENTRY_POINT_NAMES = ("sglang_dsa_fix", "dsa_page_table_width")
 KILL_SWITCH = "SGLANG_DSA_FIX"
 KILL_VALUES = ("0", "false", "no", "off")
+ENABLE_VALUES = ("1", "true", "yes", "on", "")
 INTERNAL_STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 STATE_KEY = "sglang_dsa_fix"
 
@@ -65,6 +68,20 @@ def kill_switch_value() -> str:
 def enabled(value: str | None = None) -> bool:
     value = kill_switch_value() if value is None else value
     return value.strip().lower() not in KILL_VALUES
+
+
+def known_switch_value(value: str) -> bool:
+    return value.strip().lower() in KILL_VALUES + ENABLE_VALUES
+
+
+def kill_switch_text(value: str) -> str:
+    """How a kill-switch value is taken, as the state and ``status`` say it."""
+    if known_switch_value(value):
+        return f"{KILL_SWITCH}={value!r}: {'enabled' if enabled(value) else 'disabled'}"
+    return (
+        f"{KILL_SWITCH}={value!r}: enabled (not a known value: 0 / false / no / off disable, "
+        "1 / true / yes / on or unset enable)"
+    )
 
 
 def _once(key: str, level: int, message: str, *args) -> None:
@@ -228,7 +245,14 @@ def register() -> None:
         return
     STATE["pid"] = os.getpid()
     switch = kill_switch_value()
-    STATE["kill_switch"] = f"{KILL_SWITCH}={switch!r}: {'enabled' if enabled(switch) else 'disabled'}"
+    STATE["kill_switch"] = kill_switch_text(switch)
+    if not known_switch_value(switch):
+        logger.warning(
+            "sglang-dsa-fix: %s=%r is not a known value (0 / false / no / off disable, 1 / true / yes / "
+            "on enable): taken as enabled",
+            KILL_SWITCH,
+            switch,
+        )
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

@@ -16,6 +16,7 @@ returned. Returns data; cli.py renders it.
 from __future__ import annotations
 
 import configparser
+import os
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
@@ -26,9 +27,19 @@ from sglang_dsa_fix import tree as trees
 PLUGIN_VALUE_PREFIX = "sglang_dsa_fix."
 MAX_METADATA_FILE = 1 << 20  # bytes read of an entry_points.txt or a .pth
 KILL_SWITCH_NOTE = (
-    f"enabled unless {plugin.KILL_SWITCH}=0 (or SGLANG_PLUGINS naming neither "
-    f"{' nor '.join(plugin.ENTRY_POINT_NAMES)}) in the server's environment"
+    f"enabled unless {plugin.KILL_SWITCH}=0 / false / no / off (or SGLANG_PLUGINS naming neither "
+    f"{' nor '.join(plugin.ENTRY_POINT_NAMES)}) in the server's environment; any other value but "
+    "1 / true / yes / on is taken as enabled, with a warning in the server's log"
 )
+
+
+def kill_switch_note() -> str:
+    """KILL_SWITCH_NOTE, and how this environment's value (where set) would be taken: the
+    server's environment decides, this one is only said."""
+    value = os.environ.get(plugin.KILL_SWITCH)
+    if value is None:
+        return KILL_SWITCH_NOTE
+    return f"{KILL_SWITCH_NOTE}; here {plugin.kill_switch_text(value)}"
 
 
 def _declares_plugin(entry_points_text: str) -> bool:
@@ -100,7 +111,7 @@ def plugin_report(files, own_environment: bool) -> dict:
         "where": "this Python's environment" if own_environment else str(tree.package_parent),
         "sglang_has_plugin_api": api,
         "live": installed and api,
-        "kill_switch": KILL_SWITCH_NOTE,
+        "kill_switch": kill_switch_note(),
     }
 
 
