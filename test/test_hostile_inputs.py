@@ -407,3 +407,36 @@ class TestUnknownKillSwitchValue(unittest.TestCase):
         note = json.loads(out)["plugin"]["kill_switch"]
         self.assertIn("any other value but 1 / true / yes / on is taken as enabled", note)
         self.assertIn("here SGLANG_DSA_FIX='disable': enabled (not a known value", note)
+
+
+class TestDeepLeftoverTree(PatchToolTestCase):
+    """T: a 1200-deep tree where sglang was uninstalled (RecursionError in rglob)."""
+
+    @staticmethod
+    def remove_chain(top: Path) -> None:
+        """top/d/d/...: one level at a time (rglob and rmtree recurse)."""
+        while (top / "d").exists():
+            if (top / "d" / "d").exists():
+                os.rename(top / "d" / "d", top / "t")
+                os.rmdir(top / "d")
+                os.rename(top / "t", top / "d")
+            else:
+                os.rmdir(top / "d")
+
+    def test_deep_tree_is_one_line(self):
+        (self.package / "__init__.py").unlink()
+        (self.package / "srt" / f"common.py{'.sglang-dsa-fix.orig'}").write_text("")
+        fd = os.open(self.package / "srt", os.O_RDONLY | os.O_DIRECTORY)
+        for _ in range(1200):  # os.makedirs recurses too
+            os.mkdir("d", dir_fd=fd)
+            fd, parent = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+            os.close(parent)
+        os.close(fd)
+        self.addCleanup(self.remove_chain, self.package / "srt")
+        for command in ("check", "status", "apply"):
+            with self.subTest(command=command):
+                rc, out, err = self.cli(command)
+                self.assertEqual((rc, out), (2, ""), err)
+                self.assertNotIn("Traceback", err)
+                self.assertEqual(len(err.strip().splitlines()), 1, err[:2000])
+                self.assertIn("only at least 1 sglang-dsa-fix backup(s) remain", err)

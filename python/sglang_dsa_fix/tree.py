@@ -61,21 +61,55 @@ def find_tree(root: Optional[str]) -> SglangTree:
     return SglangTree(package_parent, read_version(package_parent / "sglang"))
 
 
+BACKUP_SUFFIX = ".sglang-dsa-fix.orig"
+# How far _refuse_leftovers looks: sglang's own tree is 8 levels and some 3000 entries deep.
+MAX_LEFTOVER_DEPTH = 64
+MAX_LEFTOVER_ENTRIES = 200_000
+
+
 def _refuse_leftovers(package: Path) -> None:
     """After ``pip uninstall sglang`` pip leaves what it did not install: this tool's backups
     (and bytecode). Say what is left and how to remove it, instead of judging a ghost tree."""
     try:
         if (package / "__init__.py").exists():
             return
-        backups = sorted(package.rglob("*.sglang-dsa-fix.orig"))
+        backups, capped = _leftover_backups(package)
     except OSError as exc:
         raise ToolError(f"{package}: cannot read ({exc.strerror})") from None
     if backups:
+        count = f"{'at least ' if capped else ''}{len(backups)}"
         raise ToolError(
-            f"{package}: sglang is not installed here any more; only {len(backups)} sglang-dsa-fix "
+            f"{package}: sglang is not installed here any more; only {count} sglang-dsa-fix "
             f"backup(s) remain (e.g. {backups[0]}): remove them with "
-            f"`find {package} -name '*.sglang-dsa-fix.orig' -delete`"
+            f"`find {package} -name '*{BACKUP_SUFFIX}' -delete`"
         )
+
+
+def _leftover_backups(package: Path) -> tuple:
+    """(the backups under ``package``, sorted; whether the walk stopped at MAX_LEFTOVER_DEPTH
+    levels or MAX_LEFTOVER_ENTRIES entries). Iterative (no recursion over directory depth), links
+    not followed, a subdirectory that cannot be read skipped; OSError for ``package`` itself."""
+    found, entries, capped = [], 0, False
+    pending = [(package, 0)]
+    while pending:
+        directory, depth = pending.pop()
+        try:
+            with os.scandir(directory) as listing:
+                for entry in listing:
+                    entries += 1
+                    if entries > MAX_LEFTOVER_ENTRIES:
+                        return sorted(found), True
+                    if not entry.is_dir(follow_symlinks=False):
+                        if entry.name.endswith(BACKUP_SUFFIX):
+                            found.append(Path(entry.path))
+                    elif depth + 1 < MAX_LEFTOVER_DEPTH:
+                        pending.append((Path(entry.path), depth + 1))
+                    else:
+                        capped = True
+        except OSError:
+            if directory == package:
+                raise
+    return sorted(found), capped
 
 
 def read_text(path, limit: int) -> str:
