@@ -440,3 +440,49 @@ class TestDeepLeftoverTree(PatchToolTestCase):
                 self.assertNotIn("Traceback", err)
                 self.assertEqual(len(err.strip().splitlines()), 1, err[:2000])
                 self.assertIn("only at least 1 sglang-dsa-fix backup(s) remain", err)
+
+
+class TestRedirects(unittest.TestCase):
+    """D: a redirect never leaves https, and the API key goes to the first URL's origin only
+    (scheme, host and port: https://h to http://h sent it in clear text)."""
+
+    INFO = json.dumps({"version": "0.5.14", "internal_states": []}).encode()
+
+    def fetch(self, url: str, redirects: dict) -> tuple:
+        from sglang_dsa_fix import server_status
+
+        seen = []
+
+        def get(current, headers, deadline):
+            seen.append((current, headers.get("Authorization")))
+            if current in redirects:
+                return 302, redirects[current], b""
+            return 200, None, self.INFO
+
+        with mock.patch.object(server_status, "_get", side_effect=get):
+            try:
+                server_status.fetch(url, api_key="sk-secret")
+                error = None
+            except server_status.ToolError as exc:
+                error = str(exc)
+        return seen, error
+
+    def test_https_to_http_on_the_same_host_is_refused(self):
+        url = "https://srv.test/server_info"
+        seen, error = self.fetch(url, {url: "http://srv.test/server_info"})
+        self.assertEqual(seen, [(url, "Bearer sk-secret")])  # the http URL is never asked
+        self.assertIn("redirected from https to http://srv.test/server_info: refused", error)
+
+    def test_the_key_stays_with_its_origin(self):
+        url = "http://srv.test/server_info"
+        hops = {
+            url: "https://srv.test/server_info",  # another scheme: another origin
+            "https://srv.test/server_info": "https://srv.test:8443/server_info",
+            "https://srv.test:8443/server_info": "https://other.test/server_info",
+        }
+        seen, error = self.fetch(url, hops)
+        self.assertIsNone(error)
+        self.assertEqual([key for _, key in seen], ["Bearer sk-secret", None, None, None])
+        # The default port is the same origin.
+        seen, _ = self.fetch("http://srv.test/server_info", {url: "http://SRV.test:80/x/server_info"})
+        self.assertEqual([key for _, key in seen], ["Bearer sk-secret", "Bearer sk-secret"])

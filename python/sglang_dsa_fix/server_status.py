@@ -1,7 +1,8 @@
 """``sglang-dsa-fix status --url``: what a live server's plugin reports, per role and rank.
 
 Reads ``/server_info`` under one deadline (connect + headers + body), with a size cap, http and
-https only, and judges ``internal_states[i]["sglang_dsa_fix"]`` (``plugin.STATE``) of each rank.
+https only (a redirect never leaves https; the API key goes to the first URL's origin only), and
+judges ``internal_states[i]["sglang_dsa_fix"]`` (``plugin.STATE``) of each rank.
 Returns data; cli.py renders it. Every failure is a ToolError of one line.
 """
 
@@ -65,6 +66,13 @@ def _http_parts(url: str):
     if parts.scheme not in ("http", "https"):  # file://, ftp://, ... (also as a redirect's target)
         raise ToolError(f"{url}: only http:// and https:// URLs are read")
     return parts
+
+
+def _origin(url: str) -> tuple:
+    """(scheme, host, port) of a URL, the default port filled in: where a key may go."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)  # ValueError on a bad port
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
 
 
 def endpoint_of(url: str) -> str:
@@ -141,17 +149,23 @@ def fetch(url: str, timeout: float = DEFAULT_TIMEOUT, api_key: Optional[str] = N
     if not 0 < timeout <= MAX_TIMEOUT:  # also NaN
         raise ToolError(f"timeout {timeout!r}: must be above 0 and at most {MAX_TIMEOUT:g} seconds")
     endpoint = current = endpoint_of(url)
-    origin = urlsplit(endpoint).netloc
     deadline = time.monotonic() + timeout
     try:
+        origin = _origin(endpoint)
         for _ in range(MAX_REDIRECTS + 1):
             headers = {"Accept": "application/json"}
-            if api_key and urlsplit(current).netloc == origin:  # the key goes to that server only
+            if api_key and _origin(current) == origin:  # the key goes to that origin only
                 headers["Authorization"] = f"Bearer {api_key}"
             status, location, body = _get(current, headers, deadline)
             if location is None:
                 break
-            current = urljoin(current, location)
+            target = urljoin(current, location)
+            if urlsplit(current).scheme == "https" and urlsplit(target).scheme != "https":
+                raise ToolError(
+                    f"{endpoint}: redirected from https to {target[:200]}: refused (a redirect never "
+                    "leaves https)"
+                )
+            current = target
         else:
             raise ToolError(f"{endpoint}: more than {MAX_REDIRECTS} redirects (a redirect loop?)")
     except ToolError:
