@@ -185,6 +185,41 @@ class TestUnsafeDirectories(RootTestCase):
         self.assertEqual(self.backend.read_bytes(), self.original)
 
 
+class TestLinksAnotherUserChose(RootTestCase):
+    """Issue 25 C and N1b: where a link in the tree leads is the choice of whoever owns it (or
+    owns the tree); root does not write there."""
+
+    def test_another_users_link_in_a_sticky_directory_is_not_followed(self):
+        # C: a root-owned 1777 directory inside the tree; nobody's link there to a root-only,
+        # sglang-shaped file elsewhere in the tree.
+        private = self.package / "srt" / "private"
+        private.mkdir(mode=0o700)
+        target = private / "dsa_backend.py"
+        target.write_bytes(self.original)
+        target.chmod(0o600)
+        self.attention.chmod(0o1777)
+        self.backend.unlink()
+        self.backend.symlink_to(target)
+        os.lchown(self.backend, NOBODY, NOBODY)
+        self.assertRefused("apply", f"the link {self.backend} is owned by uid {NOBODY}")
+        self.assertEqual(target.read_bytes(), self.original)
+        # The same link root made is root's choice.
+        os.lchown(self.backend, 0, 0)
+        self.assertEqual(self.cli("apply")[0], 0)
+        self.assertNotEqual(target.read_bytes(), self.original)
+
+    def test_a_tree_of_another_user_linking_outside_it(self):
+        # N1b: the whole tree is nobody's, its dsa_backend.py a link to a root-only file elsewhere.
+        self.backend.unlink()
+        self.backend.symlink_to(self.victim)
+        for path in [self.tmp, *self.tmp.rglob("*")]:
+            os.lchown(path, NOBODY, NOBODY)
+        for flag in ((), ("--allow-unsafe-dirs",)):
+            with self.subTest(flag=flag):
+                self.assertRefused("apply", "outside the sglang tree", None, *flag)
+        self.assertVictimUntouched()
+
+
 if __name__ == "__main__":
     unittest.main()
 

@@ -174,29 +174,47 @@ def _unsafe(directory: Dir, owners: set) -> Optional[str]:
     return None if why is None else f"{directory.path} is {why}"
 
 
-def check_place(shown, loc: File, package: Dir, allow_unsafe_dirs: bool) -> None:
+def _first_unsafe(loc: File, links, owners: set) -> Optional[str]:
+    """Why another user than ``owners`` could have chosen ``loc``: a directory on the way, or a
+    link followed on the way, that such a user owns or may write; None when none."""
+    unsafe = next((why for d in loc.via if (why := _unsafe(d, owners))), None)
+    if unsafe is None:
+        unsafe = next(
+            (f"the link {path} is {why}" for path, st in links if (why := changeable_by_others(st, owners))),
+            None,
+        )
+    return unsafe
+
+
+def check_place(shown, loc: File, package: Dir, allow_unsafe_dirs: bool, links=()) -> None:
     """As root: refuse to write at ``loc`` when another user could have chosen it.
 
     ``loc.via`` is every directory whose entries led ``shown`` (the path in the tree) to ``loc``,
-    from ``/`` down, symlinks' directories included. Each must be owned by root or the tree's
-    owner and writable by no one else; ``allow_unsafe_dirs`` accepts that only inside the sglang
-    package (``package``): a place outside it reached through such a directory is refused anyway.
+    from ``/`` down, symlinks' directories included; ``links`` the (path, lstat) of every symlink
+    followed on the way (``snapshot.walk``). Inside the sglang package (``package``) each
+    directory must be owned by root or the tree's owner and writable by no one else, and each
+    link owned by one of them (a link another user owns, in a sticky directory above all, is
+    theirs to point: the kernel's protected_symlinks rule); ``allow_unsafe_dirs`` accepts
+    otherwise. A place outside the package is root's alone to choose: every directory and link on
+    the way, and the file, root's (the tree's owner chose what its links point to), whatever the
+    flag.
     """
     if os.geteuid() != 0:
         return  # an unprivileged run can only write where its user can anyway
-    owners = {0, package.st.st_uid}
-    unsafe = next((why for d in loc.via if (why := _unsafe(d, owners))), None)
     inside = loc.dir.path == package.path or loc.dir.path.startswith(package.path.rstrip("/") + "/")
     if not inside:
-        if unsafe is None and loc.st is not None and loc.st.st_uid not in owners:
-            unsafe = f"{loc.path} is owned by uid {loc.st.st_uid}"
+        unsafe = _first_unsafe(loc, links, {0})
+        if unsafe is None and loc.st is not None and loc.st.st_uid != 0:
+            unsafe = f"{loc.path} is owned by {user_name(loc.st.st_uid)}"
         if unsafe:
             raise ToolError(
                 f"{shown}: leads to {loc.path}, outside the sglang tree, and {unsafe}: another user "
                 "could have chosen it; not writing there as root, even with --allow-unsafe-dirs; "
                 "nothing changed"
             )
-    elif unsafe and not allow_unsafe_dirs:
+        return
+    unsafe = _first_unsafe(loc, links, {0, package.st.st_uid})
+    if unsafe and not allow_unsafe_dirs:
         raise ToolError(
             f"{shown}: {unsafe}, so another user could redirect a write made as root; refusing "
             "(pass --allow-unsafe-dirs to accept it); nothing changed"

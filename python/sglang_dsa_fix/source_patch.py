@@ -59,11 +59,19 @@ def _reading(fallback):
         ) from None
 
 
+def _locate_checked(path: Path, package, allow_unsafe_dirs: bool):
+    """The File ``path`` leads to, located once, in a place root may write
+    (``safe_files.check_place``, with the links followed on the way)."""
+    links = []
+    loc = snapshot.walk(path, False, links)
+    safe_files.check_place(path, loc, package, allow_unsafe_dirs, links)
+    return loc
+
+
 def _locate_for_rewrite(path: Path, expected: bytes, package, allow_unsafe_dirs: bool) -> tuple:
     """(File, metadata) of the file ``path`` leads to: located once, a place root may write,
     writable, and still holding ``expected`` (what inspect judged)."""
-    loc = snapshot.locate(path)
-    safe_files.check_place(path, loc, package, allow_unsafe_dirs)
+    loc = _locate_checked(path, package, allow_unsafe_dirs)
     data, metadata = snapshot.read_at(loc)
     problem = safe_files.writable_error(loc)
     if problem:
@@ -158,8 +166,7 @@ def apply(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
                 writes += [(backup, state.site.data, metadata), (loc, new, metadata)]
                 pycs += _bytecode_beside(loc, path)
             for state in stale:
-                loc = snapshot.locate(state.site.path)
-                safe_files.check_place(state.site.path, loc, package, allow_unsafe_dirs)
+                loc = _locate_checked(state.site.path, package, allow_unsafe_dirs)
                 for pyc in _bytecode_beside(loc, state.site.path):
                     problem = safe_files.writable_error(pyc)
                     if problem:
