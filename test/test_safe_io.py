@@ -149,3 +149,34 @@ class TestPlantedFiles(PatchToolTestCase):
 
     def test_bug_order(self):
         self.assertEqual(list(Bug), [Bug.PAGE_TABLE, Bug.ROW_OVERFLOW])  # what the tests above assume
+
+
+def _chattr(flag: str, path) -> bool:
+    """chattr FLAG PATH; False where chattr or the filesystem's flags are not there (or not root)."""
+    import shutil
+    import subprocess
+
+    chattr = shutil.which("chattr")
+    return bool(chattr) and subprocess.run([chattr, flag, str(path)], capture_output=True).returncode == 0
+
+
+class TestInodeFlags(PatchToolTestCase):
+    """Issue 25 P: ``chattr +a`` on the file's directory left a temp file behind while saying
+    nothing changed; an immutable or append-only file or directory is now refused first."""
+
+    def flag(self, flag: str, path) -> None:
+        if not _chattr(f"+{flag}", path):
+            self.skipTest(f"chattr +{flag} not available here")
+        self.addCleanup(_chattr, f"-{flag}", path)
+
+    def test_append_only_or_immutable(self):
+        cases = [("a", self.backend.parent, "append-only"), ("a", self.backend, "append-only")]
+        cases += [("i", self.sizing, "")]  # os.access already says no: "read-only"
+        for flag, path, said in cases:
+            with self.subTest(flag=flag, path=path.name):
+                self.flag(flag, path)
+                self.assertRefused("apply", f"{path}: {said or 'read-only'}")
+                _chattr(f"-{flag}", path)
+        self.assertEqual(self.cli("apply")[0], 0)
+        self.flag("a", self.backend.parent)
+        self.assertRefused("revert", f"{self.backend.parent}: append-only")

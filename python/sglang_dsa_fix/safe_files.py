@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import grp
 import os
 import pwd
 import secrets
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -115,8 +117,30 @@ def temps(loc: File) -> list:
 # ------------------------------------------------------------------------------ checks
 
 
+# The inode flags (``chattr``) under which a new file can be made beside ``loc`` but not renamed
+# over it nor removed again: asked first, so that a refusal leaves no temp file behind.
+FS_IOC_GETFLAGS = 0x80086601
+INODE_FLAGS = {0x10: "immutable (chattr +i)", 0x20: "append-only (chattr +a)"}
+
+
+def _inode_flags_error(name: str, directory: Dir) -> Optional[str]:
+    """``loc``'s or its directory's immutable / append-only flag, where the filesystem has them."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory.fd)
+    except OSError:
+        return None  # what the write then says
+    try:
+        flags = int.from_bytes(fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(8))[:4], sys.byteorder)
+    except OSError:  # no such flags on this filesystem
+        return None
+    finally:
+        os.close(fd)
+    return next((what for bit, what in INODE_FLAGS.items() if flags & bit), None)
+
+
 def writable_error(loc: File) -> Optional[str]:
-    """Why the tool cannot rewrite ``loc`` (read-only file or directory, other owner), or None."""
+    """Why the tool cannot rewrite ``loc`` (read-only, immutable or append-only file or
+    directory, other owner), or None."""
     for path, st, name, directory in (
         (loc.path, loc.st, loc.name, loc.dir),
         (Path(loc.dir.path), loc.dir.st, ".", loc.dir),
@@ -126,6 +150,9 @@ def writable_error(loc: File) -> Optional[str]:
             stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
         ):
             return f"{path}: read-only; nothing changed"
+        flagged = _inode_flags_error(name, directory)
+        if flagged:
+            return f"{path}: {flagged}; nothing changed"
     if os.geteuid() != 0 and loc.st.st_uid != os.geteuid():
         return (
             f"{loc.path}: owned by uid {loc.st.st_uid}; rewriting it as uid {os.geteuid()} would "
