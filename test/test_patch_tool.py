@@ -344,6 +344,16 @@ class TestBadInput(PatchToolTestCase):
             with self.subTest(command=command):
                 self.assertRefused(command, "cannot read")
 
+    def test_return_sharing_its_line_is_refused(self):
+        # A hand edit that puts another statement before `return extra` on its line: apply used to
+        # patch mid-line, check then read the change as sglang's own form ("fixed upstream") and
+        # revert left it patched beside an orphaned backup (issue 25 J).
+        data = self.sizing.read_bytes()
+        self.sizing.write_bytes(data.replace(b"\n    return extra\n", b"\n    pass; return extra\n", 1))
+        for command in ("check", "apply", "diff", "status"):
+            with self.subTest(command=command):
+                self.assertRefused(command, "shares its line with other code")
+
     def test_permission_denied_reading_is_one_line(self):
         # As root nothing is unreadable, so the OS error is injected where the tool reads.
         from unittest import mock

@@ -383,6 +383,10 @@ def _row_statement_before(
     or one of ``older``: (comment, statement) pairs), which ``revert`` undoes."""
     lines = data.splitlines(keepends=True)
     start = _byte_offset(lines, anchor.lineno, anchor.col_offset)
+    if data[_byte_offset(lines, anchor.lineno, 0) : start].strip():
+        # (``pass; return extra``: a line above would land mid-statement, and the change would
+        # then read as sglang's own form.)
+        raise ToolError(f"{path}:{anchor.lineno}: not recognised: `{found}` shares its line with other code")
     above = _lines_above(lines, anchor.lineno, 3)
     variable = replacement.split(" = ", 1)[0]
     legacy = (
