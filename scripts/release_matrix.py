@@ -94,40 +94,24 @@ RELEASES = [
     Release("0.5.14", AFFECTED, AFFECTED, plugin=True, upstream_tests=None),  # the base environment
     Release("0.5.15", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     Release("0.5.16", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
-    # The newest release the GPU host's torch 2.11 runs (its bug #2 end-to-end run).
-    Release(
-        "0.5.17",
-        FIXED_UPSTREAM,
-        AFFECTED,
-        cpu_tier="bug #1 fixed upstream",
-        fa3_tier=None,
-        plugin=True,
-        resolves=True,
-        dcp_resolves=True,
-    ),
-    # 0.5.18 - 0.5.22: the patch tool, the verdicts and the plugin's decisions on the release's
-    # own files; the CPU tiers run on 0.5.17 and 0.5.23 around them.
+    # 0.5.17 (the newest release the GPU host's torch 2.11 runs: its bug #2 end-to-end run) and
+    # 0.5.23, every tier; 0.5.18 - 0.5.22 between them: the patch tool, the verdicts and the
+    # plugin's decisions on the release's own files, and on 0.5.19 (the first release that sizes
+    # the row by the allocator page) the DCP case.
     *(
         Release(
             version,
             FIXED_UPSTREAM,
             AFFECTED,
             cpu_tier="bug #1 fixed upstream",
-            row_tier=NOT_DRIVEN,
+            row_tier=None if every_tier else NOT_DRIVEN,
+            fa3_tier=None if every_tier else FA3_NOT_RUN,
             plugin=True,
-            dcp_resolves=version == "0.5.19",  # the first release sized by the allocator page
+            resolves=every_tier,
+            dcp_resolves=every_tier or version == "0.5.19",
         )
-        for version in ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22")
-    ),
-    Release(
-        "0.5.23",
-        FIXED_UPSTREAM,
-        AFFECTED,
-        cpu_tier="bug #1 fixed upstream",
-        fa3_tier=None,
-        plugin=True,
-        resolves=True,
-        dcp_resolves=True,
+        for version in ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+        for every_tier in [version in ("0.5.17", "0.5.23")]
     ),
 ]
 BASE_VERSION = "0.5.14"

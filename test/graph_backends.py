@@ -40,13 +40,14 @@ ATTENTION = "sglang.srt.layers.attention"
 MAX_BS = 2
 
 
-def req_to_token_pool(context_len: int, extra: int, page: int = 1):
-    """Real ReqToTokenPool, max_bs rows + row 0, context_len + extra wide; the slot of
-    (row r, column c) is (r * pages_per_row + c // page) * page + c % page."""
+def req_to_token_pool(context_len: int, extra: int, page: int = 1, max_bs: int = MAX_BS):
+    """Real ReqToTokenPool, max_bs rows + row 0 (the runner's capture row), context_len + extra
+    wide; the slot of (row r, column c) is (r * pages_per_row + c // page) * page + c % page, so
+    req_to_token[r, j * page] // page = r * pages_per_row + j names its own row and page."""
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
     pool = ReqToTokenPool(
-        size=MAX_BS + 1, max_context_len=context_len + extra, device="cpu", enable_memory_saver=False
+        size=max_bs + 1, max_context_len=context_len + extra, device="cpu", enable_memory_saver=False
     )
     rows, cols = pool.req_to_token.shape
     per_row = math.ceil(cols / page)
@@ -502,23 +503,6 @@ def init_assignment(cls, attribute: str, backend):
             code = compile(ast.Expression(node.value), "<init>", "eval")
             return eval(code, vars(sys.modules[cls.__module__]), {"self": backend})
     return None
-
-
-def fa3_pool(context_len: int, row_extra: int, page: int, max_bs: int):
-    """Real ReqToTokenPool of max_bs + 1 rows (row 0: the runner's capture row), context_len +
-    row_extra wide; slot of (row r, column c) = (r * pages_per_row + c // page) * page + c % page,
-    so req_to_token[r, j * page] // page = r * pages_per_row + j names its own row and page."""
-    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-
-    pool = ReqToTokenPool(
-        size=max_bs + 1, max_context_len=context_len + row_extra, device="cpu", enable_memory_saver=False
-    )
-    rows, cols = pool.req_to_token.shape
-    per_row = math.ceil(cols / page)
-    r = torch.arange(rows).unsqueeze(1)
-    c = torch.arange(cols).unsqueeze(0)
-    pool.req_to_token.copy_(((r * per_row + c // page) * page + c % page).to(pool.req_to_token.dtype))
-    return pool
 
 
 def fa3_release_backend(pool, context_len: int, D: int, page: int, step_id: int = 0, module=None):

@@ -174,69 +174,26 @@ class Form:
 
 
 # Newest first. A version label picks its row only where the files cannot tell two forms apart
-# (0.5.13 / 0.5.14, NGRAM's exemption); everywhere else ``detected_form`` decides.
-FORMS = (
-    Form(
-        "0.5.19",
-        (0, 5, 19),
-        "allocation_sizing",
-        preclaims_bonus=False,
-        page_aligns_reservation=True,
-        exempts_draftless=True,
-        row_holds_alloc_page=True,
-        files_say="the row is sized by the allocator's page (get_alloc_page_size, 0.5.19+)",
-    ),
-    Form(
-        "0.5.16",
-        (0, 5, 16),
-        "allocation_sizing",
-        preclaims_bonus=False,
-        page_aligns_reservation=True,
-        exempts_draftless=True,
-        row_holds_alloc_page=False,
-        files_say="the row is sized in mem_cache/allocation_sizing.py by page_size alone (0.5.16 - 0.5.18)",
-    ),
-    Form(
-        "0.5.15",
-        (0, 5, 15),
-        "common",
-        preclaims_bonus=False,
-        page_aligns_reservation=False,
-        exempts_draftless=True,
-        row_holds_alloc_page=False,
-        files_say="the row is sized in mem_cache/common.py without a pre-claim (0.5.15)",
-    ),
-    Form(
-        "0.5.14",
-        (0, 5, 14),
-        "common",
-        preclaims_bonus=True,
-        page_aligns_reservation=False,
-        exempts_draftless=True,
-        row_holds_alloc_page=False,
-        files_say="the spec-v2 prepare pre-claims the bonus slot (0.5.11 - 0.5.14)",
-    ),
-    Form(
-        "0.5.13",
-        (0, 5, 13),
-        "common",
-        preclaims_bonus=True,
-        page_aligns_reservation=False,
-        exempts_draftless=False,
-        row_holds_alloc_page=False,
-        files_say="the spec-v2 prepare pre-claims the bonus slot (0.5.11 - 0.5.14)",
-    ),
-    Form(
-        "0.5.9",
-        (0, 5, 9),
-        "inline",
-        preclaims_bonus=True,
-        page_aligns_reservation=False,
-        exempts_draftless=False,
-        row_holds_alloc_page=False,
-        files_say="the row is sized inline in model_runner_kv_cache_mixin.py (0.5.9 - 0.5.12)",
-    ),
-)
+# (0.5.13 / 0.5.14, NGRAM's exemption); everywhere else ``detected_form`` decides. Columns as in
+# ``Form``: name, first release, row sizing, pre-claims the bonus, page-aligns nxt, exempts
+# draftless algorithms, row holds the allocator page, what the files show.
+FORMS = tuple(
+    Form(*row)
+    for row in (
+        ("0.5.19", (0, 5, 19), "allocation_sizing", False, True, True, True,
+         "the row is sized by the allocator's page (get_alloc_page_size, 0.5.19+)"),
+        ("0.5.16", (0, 5, 16), "allocation_sizing", False, True, True, False,
+         "the row is sized in mem_cache/allocation_sizing.py by page_size alone (0.5.16 - 0.5.18)"),
+        ("0.5.15", (0, 5, 15), "common", False, False, True, False,
+         "the row is sized in mem_cache/common.py without a pre-claim (0.5.15)"),
+        ("0.5.14", (0, 5, 14), "common", True, False, True, False,
+         "the spec-v2 prepare pre-claims the bonus slot (0.5.11 - 0.5.14)"),
+        ("0.5.13", (0, 5, 13), "common", True, False, False, False,
+         "the spec-v2 prepare pre-claims the bonus slot (0.5.11 - 0.5.14)"),
+        ("0.5.9", (0, 5, 9), "inline", True, False, False, False,
+         "the row is sized inline in model_runner_kv_cache_mixin.py (0.5.9 - 0.5.12)"),
+    )
+)  # fmt: skip
 
 # A release this tool cannot place: the safer choice of each fact (the smaller committed margin,
 # a rounded nxt, the smaller reservation for NGRAM).

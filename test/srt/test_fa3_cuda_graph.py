@@ -156,7 +156,7 @@ def _table_bytes(backend) -> int:
 
 
 def build(mode: str, page: int, D: int, module=None, runtime_fix=False) -> Built:
-    pool = g.fa3_pool(C, row_extra(page, D), page, MAX_BS)
+    pool = g.req_to_token_pool(C, row_extra(page, D), page, MAX_BS)
     if mode == "verify":
         backend = g.fa3_release_backend(pool, C, D, page, module=module)
         backend.init_cuda_graph_state(MAX_BS, MAX_BS * D)
@@ -508,7 +508,7 @@ class TestRuntimeFix(Checks, unittest.TestCase):
         REPORT.setdefault(version(), {})["memory (bytes before, added) per backend"] = costs
 
     def test_enforce_refuses_after_capture(self):
-        pool = g.fa3_pool(C, row_extra(1, 4), 1, MAX_BS)
+        pool = g.req_to_token_pool(C, row_extra(1, 4), 1, MAX_BS)
         backend = g.fa3_release_backend(pool, C, 4, 1)
         backend.init_cuda_graph_state(MAX_BS, MAX_BS * 4)
         backend.init_forward_metadata_out_graph(g.capture_fields("TARGET_VERIFY", 2, 4), in_capture=True)
