@@ -35,9 +35,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_dsa_fix import classify, plugin, release, source_patch
+from sglang_dsa_fix import classify, release, source_patch
 from sglang_dsa_fix import tree as trees
-from sglang_dsa_fix.verdicts import Bug
+from sglang_dsa_fix.verdicts import Bug, Verdict
 
 REPO = Path(__file__).resolve().parents[1]
 NO_CPU_IMPORT = (
@@ -53,10 +53,10 @@ FA3_NOT_RUN = "bug #3's CPU tier is driven on 0.5.14 (the base), 0.5.17 and 0.5.
 WATCH_TESTS = "test/test_watch.py::TestDsaReplay test/test_watch.py::TestSwitchAndSites"
 UPSTREAM_TESTS = sorted((REPO / "upstream" / "test").rglob("test_*.py"))
 AFFECTED, FIXED_UPSTREAM, NOT_APPLICABLE, NOT_COVERED = (
-    "affected",
-    "fixed upstream",
-    "not applicable",
-    "cannot tell",
+    Verdict.AFFECTED.value,
+    Verdict.FIXED_UPSTREAM.value,
+    Verdict.NOT_APPLICABLE.value,
+    Verdict.NOT_COVERED.value,
 )
 
 
@@ -65,6 +65,7 @@ class Release:
     version: str
     page_table: str  # expected check verdict, bug #1
     row: str  # expected check verdict, bug #2
+    fa3: str = AFFECTED  # expected check verdict, bug #3 (FA3's graph tables: every release so far)
     cpu_tier: str | None = None  # None: run bug #1's tier; else why not
     row_tier: str | None = None  # None: run bug #2's tier; else why not
     fa3_tier: str | None = FA3_NOT_RUN  # None: run bug #3's tier (FA3 on the real backend); else why not
@@ -115,6 +116,12 @@ RELEASES = [
     ),
 ]
 BASE_VERSION = "0.5.14"
+
+
+def expected_verdicts(case: Release) -> tuple:
+    """(bug, expected check verdict), in the tool's bug order."""
+    expected = {Bug.PAGE_TABLE: case.page_table, Bug.ROW_OVERFLOW: case.row, Bug.FA3_PAGE_TABLE: case.fa3}
+    return tuple((bug, expected[bug]) for bug in Bug)
 
 
 @dataclass
@@ -179,7 +186,7 @@ def check_patch_tool(row: Row, case: Release, tree) -> None:
                 shutil.copyfile(tree.package / rel, Path(tmp) / "python/sglang" / rel)
         copy = trees.find_tree(tmp)
         states = {s.bug: s for s in classify.check(copy)}
-        for bug, expected in ((Bug.PAGE_TABLE, case.page_table), (Bug.ROW_OVERFLOW, case.row)):
+        for bug, expected in expected_verdicts(case):
             state = states[bug]
             where = (
                 f" ({state.site.path.name}:{state.site.lineno} `{state.site.found}`)" if state.site else ""
@@ -265,19 +272,20 @@ def check_plugin_decisions(row: Row, case: Release, site: Path | None) -> None:
     """What the plugin would do on this release (found, not imported), and status --json."""
     code = (
         "import json; from sglang_dsa_fix import plugin; "
-        "print(json.dumps({b.value: s for b, s, _, _ in plugin.decide()}))"
+        "print(json.dumps({p.bug.value: [p.state.token, p.hook.value] for p in plugin.decide()}))"
     )
     proc = subprocess.run([sys.executable, "-c", code], env=env_for(site), capture_output=True, text=True)
     try:
         said = json.loads(proc.stdout)
     except ValueError:
         said = {"error": proc.stderr[-300:]}
+    # Affected: hooked (installed; protected once it runs); else the files' own state, no hook.
     expected = {
-        bug.value: plugin.PLAN_STATE.get(verdict, "hooked")
-        for bug, verdict in ((Bug.PAGE_TABLE, case.page_table), (Bug.ROW_OVERFLOW, case.row))
+        bug.value: ["protected_by_plugin", "installed"] if verdict == AFFECTED else [verdict, "none"]
+        for bug, verdict in expected_verdicts(case)
     }
-    if case.row_inline:
-        expected[Bug.ROW_OVERFLOW.value] = plugin.ROW_INLINE_STATE
+    if case.row_inline:  # nothing to hook: apply
+        expected[Bug.ROW_OVERFLOW.value] = [AFFECTED, "none"]
     row.add("plugin decides", said == expected, json.dumps(said))
     proc = subprocess.run(
         [sys.executable, "-m", "sglang_dsa_fix", "status", "--json"],
@@ -286,19 +294,21 @@ def check_plugin_decisions(row: Row, case: Release, site: Path | None) -> None:
         text=True,
     )
     try:
-        verdicts = [b["verdict"] for b in json.loads(proc.stdout)["bugs"]]
+        verdicts = [b["tree_state"] for b in json.loads(proc.stdout)["bugs"]]
     except (ValueError, KeyError):
         verdicts = [proc.stderr[-300:]]
-    row.add("status --json verdicts", verdicts == [case.page_table, case.row], str(verdicts))
+    row.add("status --json verdicts", verdicts == [v for _, v in expected_verdicts(case)], str(verdicts))
 
 
 # (0.5.23's own EAGLE hook reads --speculative-eagle-topk unguarded when steps and D are given:
 # without it sglang fails with a TypeError, which status reports as sglang's rejection.)
 EAGLE_3_4 = "--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 3 --speculative-num-draft-tokens 4".split()
 EAGLE_8_9 = "--speculative-algorithm EAGLE --speculative-eagle-topk 1 --speculative-num-steps 8 --speculative-num-draft-tokens 9".split()
-# (model, GPU profile, launch args, expected: page_size, bug #2 state, exit code). sglang runs DSA at
-# page 64 on CUDA (0.5.23 arg_groups/model_overrides/deepseek_v2.py:171) and page 1 on the legacy
-# ROCm DSA path (:155); NGRAM fills its own D 12 / topk 10 (speculative_hook.py).
+# (model, GPU profile, launch args, expected: page_size, bug #2 state (bug #3's too where given),
+# exit code). sglang runs DSA at page 64 on CUDA (0.5.23 arg_groups/model_overrides/deepseek_v2.py
+# :171) and page 1 on the legacy ROCm DSA path (:155); NGRAM fills its own D 12 / topk 10
+# (speculative_hook.py); Llama on FA3 (bug #3: a verify at the bound reads D pages past, page 1).
+FA3_EAGLE = [*EAGLE_3_4, "--attention-backend", "fa3", "--speculative-draft-model-path", "{llama}"]
 RESOLUTION_CASES = (
     ("dsa", "h200", EAGLE_3_4, 64, "not_reachable", 0),
     ("dsa", "mi300", EAGLE_3_4, 1, "not_reachable", 0),  # page 1, but D 4: 2·4 <= 4 + 4
@@ -313,6 +323,8 @@ RESOLUTION_CASES = (
         "affected",
         1,
     ),
+    ("llama", "h200", FA3_EAGLE, 1, ("not_reachable", "affected"), 1),
+    ("llama", "h200", [*FA3_EAGLE, "--page-size", "16"], 16, ("not_reachable", "affected"), 1),
 )
 
 
@@ -381,7 +393,8 @@ def check_resolution(row: Row, site: Path | None) -> None:
             (Path(tmp) / model / "config.json").write_text(json.dumps(config))
         for model, gpu, args, page, state, code in RESOLUTION_CASES:
             label = f"status -- {model} {gpu} {' '.join(a for a in args[1::2] if '{' not in a)}"
-            args = [a.format(dflash=Path(tmp) / "dflash") for a in args]
+            args = [a.format(dflash=Path(tmp) / "dflash", llama=Path(tmp) / "llama") for a in args]
+            state = state if isinstance(state, tuple) else (state,)
             launch = [
                 "--model-path",
                 str(Path(tmp) / model),
@@ -412,9 +425,14 @@ def check_resolution(row: Row, site: Path | None) -> None:
             )
             try:
                 report = json.loads(proc.stdout)
-                bug = next(b for b in report["bugs"] if b["bug"] == Bug.ROW_OVERFLOW.value)
-                got = (report["configuration"]["page_size"], bug["state"], proc.returncode)
+                states = {b["bug"]: b for b in report["bugs"]}
+                bug = states[Bug.ROW_OVERFLOW.value]
+                said = (bug["state"], states[Bug.FA3_PAGE_TABLE.value]["state"])[: len(state)]
+                got = (report["configuration"]["page_size"], said, proc.returncode)
                 detail = f"{got} columns {bug.get('at_configuration', {}).get('columns_past_row_end')}"
+                if len(state) > 1:
+                    fa3 = states[Bug.FA3_PAGE_TABLE.value].get("at_configuration", {})
+                    detail += f", FA3 pages past the table {fa3.get('pages_past_table')}"
             except (ValueError, KeyError, StopIteration):
                 got, detail = None, proc.stderr.strip()[-300:]
             row.add(label, got == (page, state, code), detail)

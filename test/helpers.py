@@ -59,8 +59,10 @@ class PatchToolTestCase(unittest.TestCase):
         self.package = parent / "sglang"
         self.backend = self.package / PAGE_TABLE_SITE.path.relative_to(INSTALLED.package)
         self.sizing = self.package / ROW_SITE.path.relative_to(INSTALLED.package)
+        self.fa3 = self.package / release.FA3_LAYOUT.relative_path  # bug #3's file
         self.original = self.backend.read_bytes()
         self.original_sizing = self.sizing.read_bytes()
+        self.original_fa3 = self.fa3.read_bytes()
 
     def _cleanup(self):
         for path in [self.tmp, *self.tmp.rglob("*")]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from helpers import INSTALLED, PAGE_TABLE_SITE, PatchToolTestCase, run_cli, tree_state
 
-from sglang_dsa_fix import classify, snapshot, source_patch
+from sglang_dsa_fix import classify, cli, snapshot, source_patch
 from sglang_dsa_fix.errors import ToolError
 
 
@@ -32,18 +32,21 @@ class TestLifecycle(PatchToolTestCase):
         self.assertTrue(lines[0].startswith("bug #1 CUDA-graph page_table width (crash): affected"), out)
         self.assertIn(f"{self.backend}:{PAGE_TABLE_SITE.lineno}", lines[0])
         self.assertTrue(lines[1].startswith("bug #2 req_to_token row overflow (silent corruption): affected"))
+        self.assertTrue(lines[2].startswith("bug #3 FA3 CUDA-graph page tables (crash): affected"), out)
 
         rc, out, _ = self.cli("apply")
         self.assertEqual(rc, 0, out)
         self.assertIn(f"applied: {self.backend}", out)
         self.assertIn(f"applied: {self.sizing}", out)
-        for path in (self.backend, self.sizing):
+        self.assertIn(f"applied: {self.fa3}", out)
+        for path in (self.backend, self.sizing, self.fa3):
             compile(path.read_bytes(), str(path), "exec")
         self.assertIn(b"self.req_to_token.shape[1],", self.backend.read_bytes())
+        self.assertIn(b"-(-self.req_to_token.shape[1] // self.page_size)", self.fa3.read_bytes())
 
         rc, out, _ = self.cli("check")
         self.assertEqual(rc, 0, out)
-        self.assertEqual(out.count(": fixed in-tree by sglang-dsa-fix"), 2, out)
+        self.assertEqual(out.count(": fixed in-tree by sglang-dsa-fix"), 3, out)
 
         before = tree_state(self.tmp)
         rc, out, _ = self.cli("apply")
@@ -55,6 +58,8 @@ class TestLifecycle(PatchToolTestCase):
         self.assertEqual(rc, 0, out)
         self.assertEqual(sha(self.backend.read_bytes()), sha(self.original))
         self.assertEqual(sha(self.sizing.read_bytes()), sha(self.original_sizing))
+        self.assertEqual(sha(self.fa3.read_bytes()), sha(self.original_fa3))
+        self.assertFalse(snapshot.backup_path(self.fa3).exists())
         self.assertFalse(snapshot.backup_path(self.backend).exists())
         self.assertFalse(snapshot.backup_path(self.sizing).exists())
         self.assertEqual(self.cli("check")[0], 1)
@@ -79,8 +84,8 @@ class TestLifecycle(PatchToolTestCase):
         rc, out, _ = self.cli("apply", "--json")
         data = json.loads(out)
         self.assertEqual((rc, data["action"]), (0, "apply"))
-        self.assertEqual(sorted(data["changed"]), sorted([str(self.backend), str(self.sizing)]))
-        self.assertEqual({b["verdict"] for b in data["bugs"]}, {"fixed in-tree by sglang-dsa-fix"})
+        self.assertEqual(sorted(data["changed"]), sorted(map(str, [self.backend, self.sizing, self.fa3])))
+        self.assertEqual({b["tree_state"] for b in data["bugs"]}, {"fixed_in_tree"})
         rc, out, _ = self.cli("check", "--json")
         self.assertEqual((rc, json.loads(out)["exit_code"]), (0, 0))
 
@@ -297,17 +302,18 @@ class TestBadInput(PatchToolTestCase):
         with self.assertRaises(ToolError):
             classify.check(copy)
         states = classify.check(copy, wait=False, use_backups=False)  # what plugin.decide reads
-        self.assertEqual([s.verdict.value for s in states], ["affected", "affected"])
+        self.assertEqual([s.verdict.value for s in states], ["affected", "affected", "affected"])
 
     def test_revert_killed_before_removing_its_backups(self):
         self.cli("apply")
         # The revert wrote the originals back, then died before removing the backups.
         self.backend.write_bytes(self.original)
         self.sizing.write_bytes(self.original_sizing)
+        self.fa3.write_bytes(self.original_fa3)
         rc, out, err = self.cli("revert")
         self.assertEqual(rc, 0, err)
         self.assertIn("nothing to revert", out)
-        self.assertEqual(out.count(".sglang-dsa-fix.orig"), 2, out)  # removed: both backups
+        self.assertEqual(out.count(".sglang-dsa-fix.orig"), 3, out)  # removed: every backup
         self.assertEqual(list(self.package.rglob("*.sglang-dsa-fix.orig")), [])
         self.assertEqual(
             (self.backend.read_bytes(), self.sizing.read_bytes()), (self.original, self.original_sizing)
@@ -440,11 +446,12 @@ class TestOtherReleases(PatchToolTestCase):
             self.backend.parent / "nsa_backend.py",
             self.sizing,
             self.package / "srt/speculative/eagle_info_v2.py",
+            self.fa3,
         ]:
             path.unlink(missing_ok=True)
         rc, out, _ = self.cli("check")
         self.assertEqual(rc, 0, out)
-        self.assertEqual(out.count(": not applicable"), 2, out)
+        self.assertEqual(out.count(": not applicable"), 3, out)
         before = tree_state(self.tmp)
         self.assertEqual(self.cli("apply")[0], 0)
         rc, out, err = self.cli("diff")
@@ -475,7 +482,7 @@ class TestOtherReleases(PatchToolTestCase):
         for command in ("check", "revert", "apply"):
             with self.subTest(command=command):
                 self.assertRefused(
-                    command, "sglang is not installed here any more; only 2 sglang-dsa-fix backup(s)"
+                    command, "sglang is not installed here any more; only 3 sglang-dsa-fix backup(s)"
                 )
 
     def test_inline_row_sizing_is_not_covered(self):
@@ -538,18 +545,21 @@ class TestConsoleScript(unittest.TestCase):
         self.assertEqual((rc, out.strip()), (0, f"sglang-dsa-fix {__version__}"))
         rc, out, _ = run_cli("--version", "--json")
         self.assertEqual(
-            json.loads(out), {"schema_version": 1, "tool_version": __version__, "command": "version"}
+            json.loads(out),
+            {"schema_version": cli.SCHEMA_VERSION, "tool_version": __version__, "command": "version"},
         )
         for argv in (["check", "--json=1"], ["check", "--json"], ["diff", "--json"]):
             with self.subTest(argv=argv):
                 rc, out, _ = run_cli(*argv)
                 data = json.loads(out)
-                self.assertEqual((data["schema_version"], data["tool_version"]), (1, __version__))
+                self.assertEqual(
+                    (data["schema_version"], data["tool_version"]), (cli.SCHEMA_VERSION, __version__)
+                )
                 self.assertEqual(data["sglang_version"], INSTALLED.version)
         rc, out, _ = run_cli("check", "--json=0")
         self.assertRaises(ValueError, json.loads, out)
         rc, out, _ = run_cli("frobnicate", "--json")
-        self.assertEqual((rc, json.loads(out)["schema_version"]), (2, 1))
+        self.assertEqual((rc, json.loads(out)["schema_version"]), (2, cli.SCHEMA_VERSION))
 
     def test_demo_without_torch_is_one_line(self):
         repo_python = str(Path(__file__).resolve().parents[1] / "python")

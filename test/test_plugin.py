@@ -5,6 +5,8 @@ entry-point metadata and applies the hooks through sglang's HookRegistry), then:
 - bug #1: builds the real backend and runs ``init_cuda_graph_state`` + a TARGET_VERIFY replay;
 - bug #2: calls the real ``get_req_to_token_extra_context_len`` through the name the model
   runner imported (model_runner_kv_cache_mixin), as ``_init_pools`` does;
+- bug #3: builds the real ``FlashAttentionBackend`` (over the sgl_kernel stand-in of
+  graph_backends.import_fa3 where sgl_kernel is absent) and runs its ``init_cuda_graph_state``;
 - /server_info: calls the hooked ``Scheduler.get_internal_state``.
 """
 
@@ -16,7 +18,7 @@ from types import SimpleNamespace
 
 from helpers import INSTALLED_FILES, PAGE_TABLE_SITE, ROW_SITE
 
-from sglang_dsa_fix import plugin, status, width
+from sglang_dsa_fix import fa3_width, plugin, status, width
 
 POOL_WIDTH = 512 + 4 + 5  # Case(512, D=5): the pristine pool
 FULL = os.environ.get("SGLANG_DSA_FIX_FULL") == "1"
@@ -49,16 +51,20 @@ def _child(env, queue):
     logger.addHandler(Collect())
     logger.setLevel(logging.INFO)
     try:
+        import graph_backends as g
         from sglang.srt.plugins import load_plugins
 
         from sglang_dsa_fix.proof import replay
 
+        g.import_fa3()  # before the plugin resolves its hook target, as a GPU server has it
         load_plugins()
         from sglang.srt.model_executor import model_runner_kv_cache_mixin as runner
 
         _, cls = replay.import_backend_class()
         session = replay.GraphSession(cls, replay.Case(512, 5, 64, 2))
         result = session.replay("TARGET_VERIFY", 2, 514)
+        fa3 = g.fa3_release_backend(g.req_to_token_pool(512, 8, 1, 4), 512, 4, 1)
+        fa3.init_cuda_graph_state(4, 16)  # bug #3: its graph tables, as the graph runner sizes them
         sizing = getattr(runner, "get_req_to_token_extra_context_len", None)  # 0.5.13+
         row_extra = sizing and sizing(SimpleNamespace(**ROW_ARGS))
         try:
@@ -79,6 +85,7 @@ def _child(env, queue):
                 pool=session.pool.req_to_token.shape[1],
                 error=result.error,
                 mismatched=result.mismatched_rows,
+                fa3_short=fa3_width.short_tables(fa3),
                 row_extra=row_extra,
                 internal=internal,
                 broken_error=broken_error,
@@ -129,6 +136,9 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
         self.assertEqual((out["buffer"], out["pool"]), (FIXED_POOL_WIDTH, FIXED_POOL_WIDTH), out["records"])
         self.assertEqual((out["error"], out["mismatched"]), (None, 0))
         self.assertEqual(out["row_extra"], ROW_FIXED)
+        self.assertEqual(out["fa3_short"], [])
+        fa3 = out["state"]["bugs"]["fa3_page_table"]
+        self.assertEqual((fa3["state"], fa3["hook"]), ("protected_by_plugin", "applied"), fa3)
         infos = [m for level, m in out["records"] if level == "INFO"]
         self.assertIn(
             f"sglang-dsa-fix: CUDA-graph page_table widened from {PRISTINE_WIDTH} to "
@@ -146,14 +156,19 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
         self.assertTrue(summary, infos)
         if ROW_HOOKED:  # 0.5.13+: the scheduler imports on CPU, so /server_info is checked
             bugs = out["internal"]["bugs"]
-            self.assertTrue(bugs["page_table"]["state"].startswith("applied"), bugs)
+            for name in ("page_table", "fa3_page_table"):
+                self.assertEqual(
+                    (bugs[name]["state"], bugs[name]["hook"]), ("protected_by_plugin", "applied")
+                )
             self.assertEqual(bugs["req_to_token_row"]["extra"], [ROW_PRISTINE, ROW_FIXED])
         # The broken backend: one warning, no exception into sglang.
         self.assertIsNone(out["broken_error"])
         warnings = [m for level, m in out["records"] if level == "WARNING" and "hook failed" in m]
         self.assertEqual(len(warnings), 1, warnings)
         self.assertIn("page_table hook failed (AttributeError", warnings[0])
-        self.assertTrue(out["state"]["bugs"]["page_table"]["state"].startswith("failed (AttributeError"))
+        failed = out["state"]["bugs"]["page_table"]
+        self.assertEqual((failed["state"], failed["hook"]), ("affected", "failed"))
+        self.assertTrue(failed["detail"].startswith("AttributeError"), failed)
 
     def test_kill_switch_values(self):
         # Each value is one spawned process (~7 s): the fast tier takes two spellings, the full
@@ -165,7 +180,9 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
                 self.assertEqual((out["buffer"], out["pool"]), (PRISTINE_WIDTH, POOL_WIDTH))
                 self.assertIn("must match the size of tensor b", out["error"])
                 self.assertEqual(out["row_extra"], ROW_PRISTINE)
-                self.assertTrue(out["state"]["bugs"]["page_table"]["state"].startswith("disabled"))
+                self.assertTrue(out["fa3_short"])  # sglang's own ceil(512 / 1) = 512 < 520
+                off = out["state"]["bugs"]["page_table"]
+                self.assertEqual((off["state"], off["hook"]), ("affected", "disabled"))
                 self.assertIn(repr(value), out["state"]["kill_switch"])
         out = run_in_spawned_process(SGLANG_DSA_FIX="yes-please")
         self.assertEqual(out["buffer"], out["pool"])
@@ -202,7 +219,8 @@ class TestPluginNeverRaises(unittest.TestCase):
             logs.output,
             ["WARNING:sglang_dsa_fix:sglang-dsa-fix: unsupported (RuntimeError: boom); sglang untouched"],
         )
-        self.assertTrue(plugin.STATE["bugs"]["page_table"]["state"].startswith("unsupported"))
+        self.assertEqual(plugin.STATE["bugs"]["page_table"]["hook"], "unsupported")
+        self.assertEqual(plugin.STATE["bugs"]["page_table"]["state"], "affected")
 
 
 @unittest.skipUnless(status.plugin_report(INSTALLED_FILES, True)["sglang_has_plugin_api"], "no plugin API")
@@ -216,24 +234,55 @@ class TestHookStates(unittest.TestCase):
 
         from sglang.srt.plugins.hook_registry import HookRegistry
 
+        installed = {"state": "protected_by_plugin", "hook": "installed", "detail": ""}
         bugs = {
-            "page_table": {"state": f"{plugin.INSTALLED_STATE} (a.b)", "target": "a.b"},
-            "req_to_token_row": {"state": f"{plugin.INSTALLED_STATE} (c.d)", "target": "c.d"},
+            "page_table": {**installed, "target": "a.b"},
+            "req_to_token_row": {**installed, "target": "c.d"},
         }
         with (
             mock.patch.dict(plugin.STATE, {"bugs": copy.deepcopy(bugs)}),
             mock.patch.object(HookRegistry, "_patched", {"c.d"}),
         ):
             plugin.refresh_hook_states()
-            self.assertTrue(plugin.STATE["bugs"]["page_table"]["state"].startswith("failed"))
-            self.assertTrue(plugin.STATE["bugs"]["req_to_token_row"]["state"].startswith("not reached"))
-        called = {"page_table": {"state": "applied", "target": "a.b", "calls": 1}}
+            said = {name: (b["state"], b["hook"]) for name, b in plugin.STATE["bugs"].items()}
+            self.assertEqual(
+                said,
+                {"page_table": ("affected", "failed"), "req_to_token_row": ("not_reachable", "not_reached")},
+            )
+        called = {
+            "page_table": {"state": "protected_by_plugin", "hook": "applied", "target": "a.b", "calls": 1}
+        }
         with (
             mock.patch.dict(plugin.STATE, {"bugs": called}),
             mock.patch.object(HookRegistry, "_patched", set()),
         ):
             plugin.refresh_hook_states()
-            self.assertEqual(plugin.STATE["bugs"]["page_table"]["state"], "applied")
+            self.assertEqual(plugin.STATE["bugs"]["page_table"]["hook"], "applied")
+
+    def test_a_module_that_does_not_import_here_is_not_reached(self):
+        # sglang imports the same module to run that code: where it cannot, the bug is not
+        # reachable in that process; a module that imports but lacks the target is a failure.
+        from unittest import mock
+
+        from sglang_dsa_fix.verdicts import Bug, Hook, State
+
+        plans = [
+            plugin.Plan(
+                Bug.FA3_PAGE_TABLE, State.PROTECTED_BY_PLUGIN, Hook.INSTALLED, target="no_such_mod.C.f"
+            ),
+            plugin.Plan(Bug.PAGE_TABLE, State.PROTECTED_BY_PLUGIN, Hook.INSTALLED, target="os.no_such_name"),
+        ]
+        with (
+            mock.patch.dict(plugin.STATE, {"pid": None, "bugs": {}}),
+            mock.patch.object(plugin, "decide", return_value=plans),
+            self.assertLogs("sglang_dsa_fix", level="WARNING"),
+        ):
+            plugin.register()
+            said = {name: (b["state"], b["hook"]) for name, b in plugin.STATE["bugs"].items()}
+        self.assertEqual(
+            said,
+            {"fa3_page_table": ("not_reachable", "unsupported"), "page_table": ("affected", "unsupported")},
+        )
 
     def test_register_is_idempotent(self):
         from unittest import mock

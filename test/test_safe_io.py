@@ -56,17 +56,17 @@ class TestPluginDoesNotWait(PatchToolTestCase):
     def test_decide_while_another_run_holds_the_lock(self):
         copy = tree.find_tree(str(self.tmp))
         with mock.patch.object(tree, "find_tree", return_value=copy):
-            unlocked = [(bug, state, target) for bug, state, target, _ in plugin.decide()]
+            unlocked = [(p.bug, p.state, p.target) for p in plugin.decide()]
             fd = os.open(self.package, os.O_RDONLY | os.O_DIRECTORY)
             self.addCleanup(os.close, fd)
             fcntl.flock(fd, fcntl.LOCK_EX)  # an apply in progress
             start = time.monotonic()
             plans = plugin.decide()
             self.assertLess(time.monotonic() - start, 1.0)
-        self.assertEqual([(bug, state, target) for bug, state, target, _ in plans], unlocked)
-        self.assertEqual([state for _, state, _, _ in plans], ["hooked", "hooked"])  # affected
+        self.assertEqual([(p.bug, p.state, p.target) for p in plans], unlocked)
+        self.assertEqual([p.hook.value for p in plans], ["installed"] * 3)  # affected: hooked
         verdicts = [s.verdict for s in classify.check(copy, wait=False)]
-        self.assertEqual(verdicts, [Verdict.AFFECTED, Verdict.AFFECTED])
+        self.assertEqual(verdicts, [Verdict.AFFECTED] * 3)
         # A run that must write still waits for the lock (here: briefly, then one line).
         with mock.patch.object(snapshot, "LOCK_TIMEOUT_S", 0.2):
             self.assertRefused("apply", "another sglang-dsa-fix run holds the lock")
@@ -148,7 +148,8 @@ class TestPlantedFiles(PatchToolTestCase):
                 self.assertRefused(command, "not a regular file")
 
     def test_bug_order(self):
-        self.assertEqual(list(Bug), [Bug.PAGE_TABLE, Bug.ROW_OVERFLOW])  # what the tests above assume
+        # what the tests above assume
+        self.assertEqual(list(Bug), [Bug.PAGE_TABLE, Bug.ROW_OVERFLOW, Bug.FA3_PAGE_TABLE])
 
 
 def _chattr(flag: str, path) -> bool:

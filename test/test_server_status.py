@@ -298,12 +298,18 @@ def test_the_watch_report_the_plugin_really_sends():
         ("installed, not yet called", 0),
         ("not reached at this shape", 0),
         ("not applicable", 0),
-        ("hooked (x.y.z); applied on first call", 0),  # legacy, see STATE_EXIT
+        ("hooked (x.y.z); applied on first call", 0),  # legacy, see LEGACY_STATE_EXIT
         ("not covered by this tool", 2),
         ("disabled (SGLANG_DSA_FIX='0')", 1),
         ("unsupported (ImportError: x); sglang untouched", 1),
         ("failed (ValueError: x); sglang's own value kept", 1),
-        (plugin.ROW_INLINE_STATE, 1),
+        ("not fixed by the plugin (this release sizes the row inline)", 1),
+        # 0.4+: the plugin reports State tokens
+        ("protected_by_plugin", 0),
+        ("not_reachable", 0),
+        ("fixed_upstream", 0),
+        ("affected", 1),
+        ("cannot_tell", 2),
         ("something new", 1),
         ("", 1),
     ],

@@ -6,7 +6,7 @@ import unittest
 from pathlib import Path
 
 from sglang_dsa_fix import plugin, server_status
-from sglang_dsa_fix.verdicts import Bug, State, Verdict, combined_exit, judge
+from sglang_dsa_fix.verdicts import Bug, Hook, State, Verdict, combined_exit, judge
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -23,12 +23,18 @@ class TestReadmeAgrees(unittest.TestCase):
         self.assertEqual(readme_table("states"), {s.token: s.exit_code for s in State})
 
     def test_live_server_states(self):
-        # What a plugin reports per bug on /server_info, and what `status --url` exits with.
-        table = readme_table("server-states")
-        self.assertTrue(table)
-        for state, code in table.items():
-            with self.subTest(state=state):
-                self.assertEqual(server_status.state_exit(state), code)
+        # Per hook, the state the plugin reports on /server_info and `status --url`'s exit.
+        text = README.read_text()
+        block = text[text.index("<!-- server-states -->") :].split("\n\n", 1)[0]
+        rows = re.findall(r"^\| `([^`]+)` \| (.*) \| .* \| (\d|that state's) \|$", block, re.M)
+        self.assertEqual({hook for hook, _, _ in rows}, {hook.value for hook in Hook})
+        for hook, states, code in rows:
+            with self.subTest(hook=hook):
+                said = [token for token in re.findall(r"`([a-z_]+)`", states) if State.of_token(token)]
+                self.assertTrue(said, states)
+                for token in said:
+                    expected = State.of_token(token).exit_code if code == "that state's" else int(code)
+                    self.assertEqual(server_status.state_exit(token), expected)
 
 
 class TestJudge(unittest.TestCase):
@@ -43,7 +49,7 @@ class TestJudge(unittest.TestCase):
                     self.assertIs(state, State.NOT_REACHABLE)
                 elif fixable and plugin_fixes and fix_holds:
                     self.assertIs(state, State.PROTECTED_BY_PLUGIN)
-                elif verdict is Verdict.FIXED_IN_TREE and reachable:
+                elif verdict in (Verdict.FIXED_IN_TREE, Verdict.FIXED_UPSTREAM) and reachable:
                     # The files carry the change, but at this configuration it does not hold.
                     self.assertIs(state, State.AFFECTED)
                 else:
@@ -58,15 +64,18 @@ class TestJudge(unittest.TestCase):
 
     def test_plugin_states_are_judged_by_status_url(self):
         # Every state the plugin itself can set maps to the exit code its meaning has.
-        self.assertEqual(server_status.state_exit(f"{plugin.INSTALLED_STATE} (x)"), 0)
+        # The plugin reports State tokens: status --url reads each one's own exit code.
+        for state in State:
+            self.assertEqual(server_status.state_exit(state.token), state.exit_code)
+        for verdict in Verdict:  # what the plugin says for a bug it does not hook
+            with self.subTest(verdict=verdict):
+                self.assertEqual(verdict.value, verdict.state.token)
+        # Free text of plugins before 0.4 (older images): still judged by its prefix.
+        self.assertEqual(server_status.state_exit("installed, not yet called (x)"), 0)
         self.assertEqual(server_status.state_exit("not reached (x never ran)"), 0)
         self.assertEqual(server_status.state_exit("failed (sglang's HookRegistry did not apply)"), 1)
-        self.assertEqual(server_status.state_exit(plugin.ROW_INLINE_STATE), 1)
-        for verdict, text in plugin.PLAN_STATE.items():
-            with self.subTest(verdict=verdict):
-                code = server_status.state_exit(text)
-                self.assertEqual(code, 2 if verdict == Verdict.NOT_COVERED.value else 0)
-        self.assertEqual({b.value for b in Bug}, {"page_table", "req_to_token_row"})
+        self.assertEqual(server_status.state_exit("cannot tell"), 2)
+        self.assertEqual({b.value for b in Bug}, {"page_table", "req_to_token_row", "fa3_page_table"})
 
 
 class TestPackageMetadata(unittest.TestCase):
@@ -84,6 +93,9 @@ class TestPackageMetadata(unittest.TestCase):
         # The summary says what the README's first lines say: bug #2 from 0.5.9 to the newest.
         self.assertIn("0.5.9 - newest", project["description"])
         self.assertIn("0.5.9 – newest", README.read_text().split("\n## ", 1)[0])
+        # ... and bug #3's releases, where the matrix says FA3's tables are affected.
+        self.assertIn("FA3", project["description"])
+        self.assertIn("0.5.4 – 0.5.23, FA3", README.read_text().split("\n## ", 1)[0])
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from unittest import mock
 import graph_backends
 import torch
 
-from sglang_dsa_fix import plugin, release, runtime_fix, watch
+from sglang_dsa_fix import fa3_width, plugin, release, runtime_fix, watch
 
 REPO = Path(__file__).resolve().parents[1]
 # Other releases as overlays (scripts/release_matrix.py installs them into .matrix/).
@@ -604,6 +604,11 @@ class TestBackendReplays(unittest.TestCase):
         metadata = built[0].target_verify_metadata[2]
         self.assertEqual(int(metadata.cache_seqlens_int32[1]), 253 + self.D)
         self.assertEqual(metadata.page_table.shape[1], 4)
+        # Bug #3's fix (the plugin's hook, right after init_cuda_graph_state): the counter stays 0.
+        built = graph_backends.fa3_backend(256, self.D)
+        self.assertTrue(fa3_width.enforce(built[0]))
+        report, error = self.watched(kind, built, "TARGET_VERIFY", [200, 253])
+        self.assert_fits(kind, report, error)
 
     def test_flashmla_block_table(self):
         # C 256: (256 + 64) // 64 = 5 pages; s 253 + D 4 needs 5 (4 without D).
@@ -690,9 +695,8 @@ class TestPlugin(unittest.TestCase):
         self.assertTrue(targets)
         for target in targets:
             self.assertIn("AROUND", registered.get(target, []), target)
-        self.assertTrue(
-            all(info["state"].startswith(("disabled", "not")) for info in plugin.STATE["bugs"].values())
-        )
+        # The kill switch: every bug either disabled or not hooked (the files' own state).
+        self.assertTrue(all(info["hook"] in ("disabled", "none") for info in plugin.STATE["bugs"].values()))
         with mock.patch.dict(os.environ, SGLANG_DSA_FIX_WATCH="1"):
             report = plugin.report()
         self.assertTrue(report["watch"]["enabled"])

@@ -1,3 +1,3 @@
-"""Fix, test and proof for the DSA/EAGLE req_to_token width bugs in SGLang (crash and row overflow)."""
+"""Fix, verdict, test and proof for SGLang's req_to_token width bugs under speculative decoding."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

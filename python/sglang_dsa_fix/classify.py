@@ -32,7 +32,7 @@ class BugState:
     detail: str = ""
 
     def to_dict(self) -> dict:
-        out = {"bug": self.bug.value, "verdict": self.verdict.value, "detail": self.detail}
+        out = {"bug": self.bug.value, "tree_state": self.verdict.value, "detail": self.detail}
         if self.site is not None:
             out.update(file=str(self.site.path), line=self.site.lineno, found=self.site.found)
         if self.stale_bytecode:
@@ -84,7 +84,11 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
                     "fixes it"
                 ),
             )
-        what = "no DSA/NSA backend" if bug is Bug.PAGE_TABLE else "no spec-v2 decode reservation"
+        what = {
+            Bug.PAGE_TABLE: "no DSA/NSA backend",
+            Bug.ROW_OVERFLOW: "no spec-v2 decode reservation",
+            Bug.FA3_PAGE_TABLE: "no FlashAttention (FA3) backend",
+        }[bug]
         return BugState(bug, Verdict.NOT_APPLICABLE, detail=what)
     view = next(view for view in files.views.values() if view.path == site.path)
     if site.patched_here:
@@ -115,6 +119,7 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
         held = {
             Bug.PAGE_TABLE: "sizes the graph page_table as wide as req_to_token",
             Bug.ROW_OVERFLOW: "reserves the decode reservation at every page size",
+            Bug.FA3_PAGE_TABLE: "sizes the FA3 graph page tables from req_to_token",
         }[bug]
         return BugState(bug, Verdict.FIXED_UPSTREAM, site, detail=held)
     if site.unknown:
@@ -126,7 +131,10 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
             f"{site.path}: {view.backup_path.name} exists but the file neither carries the fix nor "
             f"matches it: changed since sglang-dsa-fix applied it; not touching it; {_stale_backup_advice(view)}"
         )
-    detail = f"this row sizing is affected {site.affected_when}" if site.affected_when else ""
+    detail = ""
+    if site.affected_when:
+        what = "these graph page tables are" if bug is Bug.FA3_PAGE_TABLE else "this row sizing is"
+        detail = f"{what} affected {site.affected_when}"
     return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
 
 

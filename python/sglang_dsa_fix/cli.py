@@ -18,7 +18,7 @@ from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.errors import EXIT_ERROR, EXIT_OK, ToolError
 from sglang_dsa_fix.resolve import GPU_PROFILE_NAMES
 from sglang_dsa_fix.server_status import MAX_TIMEOUT
-from sglang_dsa_fix.verdicts import Bug
+from sglang_dsa_fix.verdicts import Bug, State
 
 PROG = "sglang-dsa-fix"
 # What a terminal acts on instead of showing: C0 (escape sequences, newlines, carriage returns),
@@ -50,7 +50,7 @@ def _text(lines) -> str:
 def _state_line(state: dict) -> str:
     where = f" ({state['file']}:{state['line']}: `{state['found']}`)" if "file" in state else ""
     detail = f"; {state['detail']}" if state.get("detail") else ""
-    text = state.get("state_text", state["verdict"])
+    text = state.get("state_text") or State.of_token(state["tree_state"]).text
     return f"{Bug(state['bug']).title}: {text}{where}{detail}"
 
 
@@ -163,8 +163,26 @@ def _configuration_lines(report: dict) -> list:
 
 def _at_configuration_lines(bug: dict) -> list:
     at = bug["at_configuration"]
+    # Reached, but the plugin holds it: the numbers below are sglang's own, without the plugin.
+    where = "at this configuration" + (
+        ", without the plugin" if bug["state"] == State.PROTECTED_BY_PLUGIN.token else ""
+    )
     if at.get("why_not"):
         return [f"  at this configuration: not reachable ({at['why_not']})"]
+    if at.get("cannot_tell"):
+        return [f"  at this configuration: cannot tell ({at['cannot_tell']})"]
+    if bug["bug"] == Bug.FA3_PAGE_TABLE.value:
+        verdict = (
+            f"reads {at['pages_past_table']} page(s) past its table row"
+            if at["reachable"]
+            else "reads inside its table row"
+        )
+        return [
+            f"  {where}: FA3 graph page tables {at['graph_page_table_pages']} pages "
+            f"({at['graph_page_table_from']}); the longest target_verify reads "
+            f"{at['longest_verify_pages_read']} -> {verdict} (with the fix: "
+            f"{at['graph_page_table_pages_with_fix']} pages)"
+        ]
     if bug["bug"] == Bug.PAGE_TABLE.value:
         verdict = (
             f"target_verify overflows for seq_len {at['overflowing_seq_lens'][0]}.."
@@ -175,7 +193,7 @@ def _at_configuration_lines(bug: dict) -> list:
             else "width expression not evaluated"
         )
         return [
-            f"  at this configuration: req_to_token width {at['req_to_token_width']}, graph "
+            f"  {where}: req_to_token width {at['req_to_token_width']}, graph "
             f"page_table width {at['graph_page_table_width']} ({at['graph_page_table_from']}), longest "
             "target_verify seq_len "
             f"{at['longest_verify_seq_len']} -> {verdict}"
@@ -188,7 +206,7 @@ def _at_configuration_lines(bug: dict) -> list:
     )
     lines = [f"  note: {at['note']}"] if "note" in at else []
     lines.append(
-        f"  at this configuration: row headroom {at['row_extra']}, decode reservation "
+        f"  {where}: row headroom {at['row_extra']}, decode reservation "
         f"{at['decode_reserve']}, allocator page {at['alloc_page_size']}, needs {at['row_extra_needed']} -> "
         f"{verdict} (with the fix: headroom {at['row_extra_with_fix']})"
     )
@@ -198,10 +216,15 @@ def _at_configuration_lines(bug: dict) -> list:
     if "columns_past_row_end" not in proof:
         return lines + [f"  --prove: {proof.get('error') or proof.get('skipped')}"]
     return lines + [
-        f"  --prove (sglang's decode path, context {proof['context_length']}): "
+        f"  --prove (sglang's decode path on {proof.get('device', 'cpu')}, context {proof['context_length']}): "
         f"{proof['columns_past_row_end']} column(s) past the row end, "
         f"{proof['neighbour_cells_changed']} neighbour cell(s) changed, {proof['leaked_slots']} slot(s) leaked"
-        + ("" if proof.get("agrees_with_arithmetic", True) else " — DISAGREES with the arithmetic")
+        + (
+            ""
+            if proof.get("agrees_with_arithmetic", True)
+            else " — DISAGREES with the arithmetic above: the drive ran sglang's own decode path, so "
+            "its number is sglang's behaviour (please report the difference)"
+        )
     ]
 
 
@@ -557,7 +580,9 @@ def _error_line(message: str) -> str:
     return message
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = (
+    2  # 2: per bug "tree_state" (a State token) replaces the prose "verdict"; the plugin reports State tokens
+)
 
 
 def _contract(data: dict) -> dict:

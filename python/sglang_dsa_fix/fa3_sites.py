@@ -34,12 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import fa3_width
+from sglang_dsa_fix import fa3_width, release
 from sglang_dsa_fix.errors import ToolError
-from sglang_dsa_fix.sites import _byte_offset, _lines_above, _parse
+from sglang_dsa_fix.pysource import byte_offset, lines_above, parse
+from sglang_dsa_fix.verdicts import Bug
 
-RELATIVE_PATH = "srt/layers/attention/flashattention_backend.py"  # under sglang/, every release
-CLASS_NAME = "FlashAttentionBackend"
+RELATIVE_PATH = release.FA3_LAYOUT.relative_path
+CLASS_NAME = release.FA3_LAYOUT.class_name
 LOCAL_PAGES = "max_num_pages"
 
 COMMENT = (
@@ -62,13 +63,29 @@ class Edit:
         return self.found == self.replacement
 
 
+AFFECTED_WHEN = (
+    "where FA3 (--attention-backend fa3 / fa4) runs a speculative verify or draft decode in CUDA "
+    "graphs, topk 1: near context_len the kernel reads past the graph page tables"
+)
+
+
 @dataclass(frozen=True)
 class Fa3Site:
+    """Bug #3's site: the same questions ``sites.Site`` answers (what classify, apply, revert
+    and diff ask), for a change of several edits in one file."""
+
     path: Path
     data: bytes
     edits: tuple  # Edit, in file order
     patched_here: bool  # the file carries exactly this change
     fixed_upstream: bool = False  # sglang sizes them from req_to_token by itself
+    lineno: int = 0  # the local ``max_num_pages = ...`` of init_cuda_graph_state
+    found: str = ""  # what sglang has there (its right-hand side)
+    bug: Bug = Bug.FA3_PAGE_TABLE
+    hookable: bool = True  # the plugin hooks init_cuda_graph_state (fa3_width.enforce)
+    affected_when: str = AFFECTED_WHEN
+    unknown: str = ""
+    legacy: bool = False
 
     def of(self, kind: str) -> list:
         return [e for e in self.edits if e.kind == kind]
@@ -101,8 +118,8 @@ def _torch_call(node, attr: str) -> bool:
 
 
 def _text(data: bytes, lines: list, node) -> tuple:
-    start = _byte_offset(lines, node.lineno, node.col_offset)
-    end = _byte_offset(lines, node.end_lineno, node.end_col_offset)
+    start = byte_offset(lines, node.lineno, node.col_offset)
+    end = byte_offset(lines, node.end_lineno, node.end_col_offset)
     return start, end, data[start:end].decode("utf-8", "replace")
 
 
@@ -141,7 +158,7 @@ def _strided_aranges(method: ast.FunctionDef) -> list:
 
 def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> Fa3Site:
     """Bug #3's edits in these bytes of flashattention_backend.py. ToolError if unrecognised."""
-    module = _parse(path, data)
+    module = parse(path, data)
     cls = _class(module)
     method = cls and _method(cls, "init_cuda_graph_state")
     if method is None:
@@ -162,10 +179,10 @@ def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> Fa3Site:
         raise ToolError(
             f"{path}:{method.lineno}: not recognised: no `{LOCAL_PAGES} = ...` in init_cuda_graph_state"
         )
-    line_start = _byte_offset(lines, local.lineno, 0)
+    line_start = byte_offset(lines, local.lineno, 0)
     indent = lines[local.lineno - 1][: local.col_offset].decode()
     newline = "\r\n" if lines[local.lineno - 1].endswith(b"\r\n") else "\n"
-    has_comment = _lines_above(lines, local.lineno, len(COMMENT)) == list(COMMENT)
+    has_comment = lines_above(lines, local.lineno, len(COMMENT)) == list(COMMENT)
     comment_text = "".join(indent + line + newline for line in COMMENT)
     # Where the comment is there already, its lines are the range (found == replacement).
     above = line_start - len(comment_text.encode()) if has_comment else line_start
@@ -228,16 +245,21 @@ def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> Fa3Site:
         )
     )
     return Fa3Site(
-        path=path, data=data, edits=tuple(edits), patched_here=patched_here, fixed_upstream=fixed_upstream
+        path=path,
+        data=data,
+        edits=tuple(edits),
+        patched_here=patched_here,
+        fixed_upstream=fixed_upstream,
+        lineno=local.lineno,
+        found=f"{LOCAL_PAGES} = {local_text}",
     )
 
 
 def fa3_page_table_site(files, data: Optional[bytes] = None) -> Optional[Fa3Site]:
     """Bug #3's site in a tree (``snapshot.TreeFiles``), or None where sglang has no FA3 backend
-    file. ``data``: parse these bytes (a backup) instead. Needs ``RELATIVE_PATH`` in
-    ``release.FILES_READ`` (not there yet: the lead's integration)."""
+    file. ``data``: parse these bytes (a backup) instead. ToolError if unrecognised."""
     if data is None:
-        if RELATIVE_PATH not in files.views or not files.exists(RELATIVE_PATH):
+        if not files.exists(RELATIVE_PATH):
             return None
         data = files.data(RELATIVE_PATH)
-    return locate(data, files.path(RELATIVE_PATH) if RELATIVE_PATH in files.views else Path(RELATIVE_PATH))
+    return locate(data, files.path(RELATIVE_PATH))

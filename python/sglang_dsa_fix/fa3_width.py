@@ -1,5 +1,6 @@
-"""Bug #3's rule, written once: FA3's CUDA-graph page tables cover the widest row a verify or a
-draft decode can read, which is ``req_to_token``'s row, in pages.
+"""Bug #3's rule, written once: FA3's CUDA-graph page tables as wide as ``req_to_token``'s row.
+
+They must cover the widest row a verify or a draft decode can read, which is that row, in pages.
 
 sglang's ``FlashAttentionBackend.init_cuda_graph_state`` allocates every topk-1 graph page table
 ``[max_bs, max_num_pages]`` with ``max_num_pages = ceil(max_context_len / page_size)`` (0.5.14
@@ -24,6 +25,10 @@ file; ``enforce`` is the runtime form. This module imports no torch and no sglan
 from __future__ import annotations
 
 from typing import Optional
+
+from sglang_dsa_fix.width import graph_table_pages, longest_verify_pages, pages_read  # noqa: F401
+
+# (the reach arithmetic at a configuration is in ``width``; its names stay importable here)
 
 # The in-tree change writes these expressions (fa3_sites); enforce evaluates the same rule.
 WIDTH_EXPR = "-(-self.req_to_token.shape[1] // self.page_size)"
@@ -54,11 +59,6 @@ STRIDED_INDICES = (
 def required_pages(backend) -> int:
     """Pages a graph table must hold: req_to_token's row width in pages."""
     return -(-int(backend.req_to_token.shape[1]) // int(backend.page_size))
-
-
-def pages_read(cache_seqlen: int, page_size: int) -> int:
-    """Page-table entries the FA3 kernel reads for one request told ``cache_seqlen`` keys."""
-    return -(-int(cache_seqlen) // int(page_size))
 
 
 def step_backends(backend) -> list:

@@ -7,6 +7,8 @@ sglang's own HookRegistry, AFTER hooks for each bug that is affected in this tre
 
 - bug #1: ``<Backend>.init_cuda_graph_state`` → widen the graph page_table;
 - bug #2: ``get_req_to_token_extra_context_len`` → widen the req_to_token row;
+- bug #3: ``FlashAttentionBackend.init_cuda_graph_state`` → widen FA3's graph page tables and
+  the replay's bounds to req_to_token's row (``fa3_width.enforce``, before any capture);
 - always: ``Scheduler.get_internal_state`` → this plugin's state under ``sglang_dsa_fix`` in
   ``/server_info`` (``internal_states``), so a live server shows what is running;
 - opt-in (``SGLANG_DSA_FIX_WATCH=1``, kill switch or not): the family watch's AROUND hooks
@@ -29,9 +31,12 @@ import copy
 import logging
 import os
 import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Optional
 
-from sglang_dsa_fix import __version__, watch, width
-from sglang_dsa_fix.verdicts import Bug, Verdict
+from sglang_dsa_fix import __version__, fa3_width, release, watch, width
+from sglang_dsa_fix.verdicts import Bug, Hook, State, Verdict
 
 logger = logging.getLogger("sglang_dsa_fix")
 
@@ -43,14 +48,6 @@ KILL_VALUES = ("0", "false", "no", "off")
 ENABLE_VALUES = ("1", "true", "yes", "on", "")
 INTERNAL_STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 STATE_KEY = "sglang_dsa_fix"
-
-# What the plugin says for a bug it does not hook, by check verdict.
-PLAN_STATE = {
-    Verdict.FIXED_UPSTREAM.value: f"not needed ({Verdict.FIXED_UPSTREAM.value})",
-    Verdict.FIXED_IN_TREE.value: f"not needed ({Verdict.FIXED_IN_TREE.value})",
-    Verdict.NOT_APPLICABLE.value: Verdict.NOT_APPLICABLE.value,
-    Verdict.NOT_COVERED.value: Verdict.NOT_COVERED.value,
-}
 
 # This process's state: what /server_info and the log lines report.
 STATE = {"version": __version__, "pid": None, "kill_switch": None, "bugs": {}}
@@ -91,14 +88,27 @@ def _once(key: str, level: int, message: str, *args) -> None:
 
 
 def _summary() -> str:
-    bugs = "; ".join(f"{bug}: {info['state']}" for bug, info in STATE["bugs"].items())
+    bugs = "; ".join(
+        f"{bug}: {info['state']} (hook {info['hook']}{': ' + info['detail'] if info['detail'] else ''})"
+        for bug, info in STATE["bugs"].items()
+    )
     hooks = len(WATCH_HOOKS)
     watching = f"; {WATCH_ON_LINE} ({hooks} hooks)" if hooks else ""
     return f"sglang-dsa-fix {__version__} (pid {os.getpid()}, {STATE['kill_switch']}): {bugs}{watching}"
 
 
-def _set(bug: Bug, state: str, **extra) -> None:
-    STATE["bugs"][bug.value] = {"state": state, **extra}
+def _set(bug: Bug, state: State, hook: Hook, detail: str = "", **extra) -> None:
+    """One bug's entry: its ``State`` token (the vocabulary of check / status), what the hook
+    did, and why in words."""
+    STATE["bugs"][bug.value] = {"state": state.token, "hook": hook.value, "detail": detail, **extra}
+
+
+def _ran(bug: Bug) -> dict:
+    """A hook body ran: the width holds in this process. Returns the bug's entry."""
+    info = STATE["bugs"][bug.value]
+    info.update(state=State.PROTECTED_BY_PLUGIN.token, hook=Hook.APPLIED.value)
+    info["calls"] = info.get("calls", 0) + 1
+    return info
 
 
 def _guarded(bug: Bug, body):
@@ -108,7 +118,7 @@ def _guarded(bug: Bug, body):
         try:
             value = body(result, *args, **kwargs)
         except Exception as exc:  # never break sglang
-            _set(bug, f"failed ({type(exc).__name__}: {exc}); sglang's own value kept")
+            _set(bug, State.AFFECTED, Hook.FAILED, f"{type(exc).__name__}: {exc}; sglang's own value kept")
             _once(
                 f"fail-{bug.value}",
                 logging.WARNING,
@@ -124,20 +134,40 @@ def _guarded(bug: Bug, body):
     return hook
 
 
+ALREADY_WIDE = "already as wide as req_to_token"
+
+
 def _page_table_body(result, backend, *args, **kwargs):
     changed = width.enforce(backend)
-    info = STATE["bugs"][Bug.PAGE_TABLE.value]
-    info["calls"] = info.get("calls", 0) + 1
+    info = _ran(Bug.PAGE_TABLE)
     if changed:
-        info.update(state="applied", widened=list(changed))
+        info.update(widened=list(changed), detail="")
         _once(
             "widened",
             logging.INFO,
             "sglang-dsa-fix: CUDA-graph page_table widened from %d to %d columns (req_to_token)",
             *changed,
         )
-    elif not info["state"].startswith("applied"):
-        info["state"] = "applied (already as wide as req_to_token)"
+    elif "widened" not in info:
+        info["detail"] = ALREADY_WIDE
+    return None  # keep sglang's result
+
+
+def _fa3_body(result, backend, *args, **kwargs):
+    changed = fa3_width.enforce(backend)
+    info = _ran(Bug.FA3_PAGE_TABLE)
+    if changed:
+        # (step, attribute, key, old, new) -> "attribute[key] old->new"
+        widened = sorted({f"{a or 'self'}[{k}] {old}->{new}" for _, a, k, old, new in changed})
+        info.update(widened=widened, detail="")
+        _once(
+            "fa3",
+            logging.INFO,
+            "sglang-dsa-fix: FA3 CUDA-graph page tables widened to req_to_token's row (%s)",
+            "; ".join(widened),
+        )
+    elif "widened" not in info:
+        info["detail"] = ALREADY_WIDE
     return None  # keep sglang's result
 
 
@@ -148,9 +178,7 @@ def _row_body_for(module_name: str):
 
     def body(result, *args, **kwargs):
         extra = fix(result, *args, **kwargs)
-        info = STATE["bugs"][Bug.ROW_OVERFLOW.value]
-        info["calls"] = info.get("calls", 0) + 1
-        info.update(state="applied", extra=[result, extra])
+        _ran(Bug.ROW_OVERFLOW)["extra"] = [result, extra]
         if extra != result:
             _once(
                 "row",
@@ -165,16 +193,13 @@ def _row_body_for(module_name: str):
     return body
 
 
-INSTALLED_STATE = "installed, not yet called"
-
-
 def refresh_hook_states() -> None:
     """Turn registered-but-never-called hooks into what they are, once the scheduler serves
     (``get_internal_state`` runs after sglang applied the hooks and built the model runner):
     ``failed`` where sglang's HookRegistry did not apply the hook (it logs and goes on,
     0.5.14 plugins/hook_registry.py:158-165; what it applied is in ``HookRegistry._patched``), else
-    ``not reached``: this process never ran the target (another attention backend, CUDA graphs
-    disabled), so the bug's code never ran either."""
+    ``not_reached``: this process never ran the target (another attention backend, CUDA graphs
+    disabled), so the bug's code never ran either (state ``not_reachable``)."""
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry
     except ImportError:
@@ -182,12 +207,20 @@ def refresh_hook_states() -> None:
     patched = getattr(HookRegistry, "_patched", None)
     for info in STATE["bugs"].values():
         target = info.get("target")
-        if target is None or info.get("calls") or not info["state"].startswith(INSTALLED_STATE):
+        if target is None or info.get("calls") or info["hook"] != Hook.INSTALLED.value:
             continue
         if patched is not None and target not in patched:
-            info["state"] = f"failed (sglang's HookRegistry did not apply the hook on {target}; see its log)"
+            info.update(
+                state=State.AFFECTED.token,
+                hook=Hook.FAILED.value,
+                detail=f"sglang's HookRegistry did not apply the hook on {target}; see its log",
+            )
         else:
-            info["state"] = f"not reached ({target} never ran in this scheduler process)"
+            info.update(
+                state=State.NOT_REACHABLE.token,
+                hook=Hook.NOT_REACHED.value,
+                detail=f"{target} never ran in this scheduler process",
+            )
 
 
 def _internal_state_body(result, *args, **kwargs):
@@ -205,12 +238,23 @@ def report() -> dict:
 
 
 # 0.5.9 - 0.5.12 size the row inline in ModelRunner: no function for a hook to widen.
-ROW_INLINE_STATE = "not fixed by the plugin (this release sizes the row inline): run `sglang-dsa-fix apply`"
+ROW_INLINE = "not fixed by the plugin (this release sizes the row inline): run `sglang-dsa-fix apply`"
 
 
-def decide(sglang=None):
-    """[(bug, state, hook target, hook)] for this tree (None: the importable sglang's). Target
-    None: nothing to hook."""
+@dataclass(frozen=True)
+class Plan:
+    """What ``register`` does for one bug: the state and hook it starts from, and the hook."""
+
+    bug: Bug
+    state: State
+    hook: Hook
+    detail: str = ""
+    target: Optional[str] = None  # None: nothing to hook
+    body: Optional[Callable] = None
+
+
+def decide(sglang=None) -> list:
+    """One ``Plan`` per bug for this tree (None: the importable sglang's)."""
     from sglang_dsa_fix import classify, sites, snapshot, tree
 
     sglang = tree.find_tree(None) if sglang is None else sglang
@@ -222,19 +266,22 @@ def decide(sglang=None):
         bug, verdict, site = state.bug, state.verdict, state.site
         # Stale bytecode means the pristine code is what runs: hook it (the hooks are no-ops
         # where the width is already right).
+        hooked = State.PROTECTED_BY_PLUGIN, Hook.INSTALLED
         if verdict not in (Verdict.AFFECTED, Verdict.STALE_BYTECODE):
-            plans.append((bug, PLAN_STATE[verdict.value], None, None))
+            plans.append(Plan(bug, verdict.state, Hook.NONE))
         elif not enabled(switch):
-            plans.append((bug, f"disabled ({KILL_SWITCH}={switch.strip()})", None, None))
+            plans.append(Plan(bug, State.AFFECTED, Hook.DISABLED, f"{KILL_SWITCH}={switch.strip()}"))
         elif not site.hookable:
-            plans.append((bug, ROW_INLINE_STATE, None, None))
+            plans.append(Plan(bug, State.AFFECTED, Hook.NONE, ROW_INLINE))
         elif bug is Bug.PAGE_TABLE:
             layout, _ = sites.backend_file(files)
-            plans.append((bug, "hooked", layout.hook_target, _page_table_body))
+            plans.append(Plan(bug, *hooked, target=layout.hook_target, body=_page_table_body))
+        elif bug is Bug.FA3_PAGE_TABLE:
+            plans.append(Plan(bug, *hooked, target=release.FA3_LAYOUT.hook_target, body=_fa3_body))
         else:
             module = ".".join(site.path.relative_to(sglang.package_parent).with_suffix("").parts)
             target = f"{module}.get_req_to_token_extra_context_len"
-            plans.append((bug, "hooked", target, _row_body_for(module)))
+            plans.append(Plan(bug, *hooked, target=target, body=_row_body_for(module)))
     return plans
 
 
@@ -262,21 +309,35 @@ def register() -> None:
         plans = decide(sglang)
     except Exception as exc:  # never break sglang's start-up
         for bug in Bug:
-            _set(bug, f"unsupported ({type(exc).__name__}: {exc}); sglang untouched")
+            _set(bug, State.AFFECTED, Hook.UNSUPPORTED, f"{type(exc).__name__}: {exc}; sglang untouched")
         logger.warning("sglang-dsa-fix: unsupported (%s: %s); sglang untouched", type(exc).__name__, exc)
         return
-    for bug, state, target, body in plans + [(None, None, INTERNAL_STATE_TARGET, None)]:
+    try:  # /server_info's report first: the bugs' hooks below say their own state there
+        pkgutil.resolve_name(INTERNAL_STATE_TARGET)
+        HookRegistry.register(INTERNAL_STATE_TARGET, _internal_state_body, HookType.AFTER)
+    except Exception as exc:
+        logger.warning(
+            "sglang-dsa-fix: cannot hook %s (%s: %s)", INTERNAL_STATE_TARGET, type(exc).__name__, exc
+        )
+    for plan in plans:
+        if plan.target is None:
+            _set(plan.bug, plan.state, plan.hook, plan.detail)
+            continue
         try:
-            if target is not None:
-                pkgutil.resolve_name(target)  # sglang resolves it the same way when applying
-                hook = _internal_state_body if bug is None else _guarded(bug, body)
-                HookRegistry.register(target, hook, HookType.AFTER)
-                state = f"{INSTALLED_STATE} ({target})"
+            pkgutil.resolve_name(plan.target)  # sglang resolves it the same way when applying
+            HookRegistry.register(plan.target, _guarded(plan.bug, plan.body), HookType.AFTER)
+        except ImportError as exc:
+            # The module does not import in this process (e.g. FA3's without its kernels): sglang
+            # imports the same module to run that code, so it never runs here.
+            detail = f"{type(exc).__name__}: {exc}; sglang cannot import it here either"
+            _set(plan.bug, State.NOT_REACHABLE, Hook.UNSUPPORTED, detail)
+            continue
         except Exception as exc:
-            state = f"unsupported ({type(exc).__name__}: {exc}); sglang untouched"
-            logger.warning("sglang-dsa-fix: cannot hook %s (%s: %s)", target, type(exc).__name__, exc)
-        if bug is not None:
-            _set(bug, state, **({"target": target} if state.startswith(INSTALLED_STATE) else {}))
+            detail = f"{type(exc).__name__}: {exc}; sglang untouched"
+            _set(plan.bug, State.AFFECTED, Hook.UNSUPPORTED, detail)
+            logger.warning("sglang-dsa-fix: cannot hook %s (%s: %s)", plan.target, type(exc).__name__, exc)
+            continue
+        _set(plan.bug, plan.state, plan.hook, plan.detail, target=plan.target)
     if watch.enabled():  # opt-in (SGLANG_DSA_FIX_WATCH), independent of the fixes and the kill switch
         try:
             for target, hook_type, hook in watch.hooks(sglang):

@@ -114,11 +114,15 @@ LAYOUTS = (
 # The attention backends whose CUDA-graph page_table is bug #1's (sglang's --attention-backend names).
 DSA_BACKENDS = ("dsa", "nsa")
 
-
-def decode_backend(config: dict) -> Optional[str]:
-    """The attention backend decode (and its CUDA graphs) runs: sglang's
-    --decode-attention-backend where set, else --attention-backend."""
-    return config.get("decode_attention_backend") or config.get("attention_backend")
+# Bug #3: FlashAttentionBackend's graph page tables, the same file and class in every release
+# 0.5.4 - 0.5.23 (init_cuda_graph_state; 0.5.15+ also bound by self.max_num_pages in __init__).
+FA3_LAYOUT = BackendLayout(
+    "sglang.srt.layers.attention.flashattention_backend",
+    "FlashAttentionBackend",
+    "FlashAttentionMultiStepBackend",
+)
+# The --attention-backend names that build it (0.5.23 layers/attention/attention_registry.py:238-274).
+FA3_BACKENDS = ("fa3", "fa4")
 
 
 # Launch paths that build a Scheduler without calling load_plugins(): the plugin never runs
@@ -132,6 +136,7 @@ PLUGIN_API_FILE = "srt/plugins/hook_registry.py"
 # Python's bytecode headers.
 FILES_CHANGED = (
     *(layout.relative_path for layout in LAYOUTS),
+    FA3_LAYOUT.relative_path,
     *ROW_SIZING_FILES,
     INLINE_ROW_FILE,
 )
@@ -139,6 +144,7 @@ FILES_READ = (
     "__init__.py",  # an installed package (after `pip uninstall sglang` only backups remain)
     *VERSION_FILES,
     *(layout.relative_path for layout in LAYOUTS),
+    FA3_LAYOUT.relative_path,
     *ROW_SIZING_FILES,
     SPEC_V2_DECODE_FILE,
     INLINE_ROW_FILE,

@@ -69,6 +69,8 @@ FIELDS = (
     "context_length",
     "attention_backend",
     "decode_attention_backend",
+    "prefill_attention_backend",
+    "speculative_attention_mode",
     "disable_cuda_graph",
     "disable_overlap_schedule",
     "attn_dcp_size",
@@ -116,6 +118,7 @@ PROVE_FIELDS = (
     "neighbour_cells_changed",
     "leaked_slots",
 )
+PROVE_DEVICES = ("cpu", "cuda")  # where the drive ran (``_prove``)
 # ------------------------------------------------------------------------------ parent side
 
 
@@ -267,10 +270,12 @@ def resolve(
         *launch_args,
     ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
-    if prove:
-        # The drive's tensors are CPU tensors, on a GPU host too (where compiled Triton refuses
-        # them: "Pointer argument cannot be accessed from Triton (cpu tensor?)"): sglang's
-        # Triton kernels run in Triton's interpreter; set before triton loads.
+    if prove and local_gpu() is None:
+        # Without a GPU the drive's tensors are CPU tensors and sglang's Triton kernels run in
+        # Triton's interpreter (set before triton loads). On a GPU host the drive runs on the GPU,
+        # compiled (``_prove``): compiled Triton refuses CPU tensors ("Pointer argument cannot be
+        # accessed from Triton (cpu tensor?)") and an older Triton's interpreter may not run
+        # sglang's kernels (triton 3.6.0 on the H200: "only 0-dimensional arrays ...").
         env["TRITON_INTERPRET"] = "1"
     started = time.monotonic()
     try:
@@ -442,8 +447,12 @@ def schema_error(result) -> Optional[str]:
         if not isinstance(prove, dict):
             return "prove is not an object"
         if "columns_past_row_end" in prove:
-            if set(prove) != set(PROVE_FIELDS) or not all(_is_int(prove[name]) for name in PROVE_FIELDS):
+            if set(prove) != {*PROVE_FIELDS, "device"} or not all(
+                _is_int(prove[name]) for name in PROVE_FIELDS
+            ):
                 return "prove's counts are not integers"
+            if prove["device"] not in PROVE_DEVICES:
+                return "prove's device is neither cpu nor cuda"
         elif len(prove) != 1 or not isinstance(prove.get("error", prove.get("skipped")), str):
             return "prove has neither counts nor a reason"
     return None
@@ -777,7 +786,7 @@ def _graph_page_table_width(config: dict, widths: dict) -> dict:
     if (
         not algorithm
         or config.get("disable_cuda_graph")
-        or release.decode_backend(config) not in release.DSA_BACKENDS
+        or width.decode_backend(config) not in release.DSA_BACKENDS
     ):
         return {}
     if "row_extra" not in widths:
@@ -878,8 +887,12 @@ def _prove(config: dict, widths: dict) -> dict:
     if prepare not in PROVE_PREPARES:
         return {"skipped": f"{algorithm} reserves in its own decode path, which the CPU driver does not run"}
     try:
+        import torch
+
         from sglang_dsa_fix.proof import row_overflow
 
+        # The parent set TRITON_INTERPRET=1 where it found no GPU; else the GPU drives it.
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()
         D = config["speculative_num_draft_tokens"]
         context = PROVE_CONTEXT + (int(config["context_length"]) - PROVE_CONTEXT) % (
             widths.get("alloc_page_size") or 1
@@ -894,11 +907,13 @@ def _prove(config: dict, widths: dict) -> dict:
             num_steps=config.get("speculative_num_steps") or max(1, D - 1),
             algorithm=config["speculative_algorithm"],
             dcp_size=config.get("attn_dcp_size") or config.get("dcp_size") or 1,
+            device="cpu" if interpreted else "cuda",
         )
         result = row_overflow.run(case)
     except Exception as exc:  # a release or algorithm the driver does not run
         return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     return {
+        "device": case.device,
         "context_length": context,
         "prompt_len": PROVE_PROMPT,
         "row_extra": result.row_extra,

@@ -1,4 +1,4 @@
-"""Runtime form of both fixes, for sglang files that cannot be edited.
+"""Runtime form of bugs #1 and #2's fixes (bug #3's: ``fa3_width.enforce``), for files that cannot be edited.
 
 - bug #1: right after ``init_cuda_graph_state``, widen the graph page_table (``width.enforce``);
 - bug #2: right after ``get_req_to_token_extra_context_len``, raise the row headroom to

@@ -19,7 +19,7 @@ from urllib.parse import urljoin, urlsplit
 
 from sglang_dsa_fix import plugin
 from sglang_dsa_fix.errors import EXIT_AFFECTED, EXIT_CANNOT_TELL, EXIT_PROTECTED, ToolError
-from sglang_dsa_fix.verdicts import combined_exit
+from sglang_dsa_fix.verdicts import State, combined_exit
 
 DEFAULT_TIMEOUT = 30.0  # seconds, for connect + headers + body together
 MAX_TIMEOUT = 86400.0  # a longer deadline is a typo (and past time_t an OverflowError in socket)
@@ -34,8 +34,9 @@ API_KEY_ENV = "OPENAI_API_KEY"
 # sglang/benchmark/serving.py:1648-1649 reads server_info["decode"][0] in that case.
 PD_ROLES = ("prefill", "decode")
 
-# The plugin's state per bug, by prefix -> exit code. First match wins; anything else: affected.
-STATE_EXIT = (
+# The plugin reports each bug's ``verdicts.State`` token (its exit code decides). Plugins before
+# 0.4 reported free text: judged by prefix -> exit code, first match wins; anything else: affected.
+LEGACY_STATE_EXIT = (
     ("applied", EXIT_PROTECTED),
     ("not needed", EXIT_PROTECTED),
     ("installed, not yet called", EXIT_PROTECTED),
@@ -58,7 +59,10 @@ NO_PLUGIN = (
 
 
 def state_exit(state: str) -> int:
-    return next((code for prefix, code in STATE_EXIT if state.startswith(prefix)), EXIT_AFFECTED)
+    known = State.of_token(state)
+    if known is not None:
+        return known.exit_code
+    return next((code for prefix, code in LEGACY_STATE_EXIT if state.startswith(prefix)), EXIT_AFFECTED)
 
 
 def _http_parts(url: str):
@@ -212,6 +216,9 @@ def _judge_rank(role: str, server: int, index: int, internal) -> dict:
         text = entry.get("state") if isinstance(entry, dict) else None
         _expect(isinstance(text, str), where, f"bug {name[:80]!r} has no state string")
         rank["bugs"][name] = {"state": text, "exit_code": state_exit(text)}
+        for key in ("hook", "detail"):  # what the hook did, and why (plugins 0.4+)
+            if isinstance(entry.get(key), str) and entry[key]:
+                rank["bugs"][name][key] = entry[key]
         codes.append(state_exit(text))
     if not bugs:
         rank["notes"].append("the plugin reports no bug")

@@ -1,4 +1,4 @@
-"""Find, in sglang's own source files, the one spot each bug's in-tree fix changes.
+"""Find, in sglang's own source files, where each bug's in-tree fix goes (bug #3's: ``fa3_sites``).
 
 Nothing of sglang's source is stored here: each file is parsed (``ast``) and the change is
 computed from its bytes. A ``Site`` says where the change goes and what it inserts:
@@ -24,13 +24,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
-import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import release, width
+from sglang_dsa_fix import fa3_sites, release, width
 from sglang_dsa_fix.errors import ToolError
+from sglang_dsa_fix.pysource import byte_offset, lines_above, parse
 from sglang_dsa_fix.snapshot import TreeFiles
 from sglang_dsa_fix.verdicts import Bug
 
@@ -97,30 +97,6 @@ class Site:
             + replacement
             + data[self.end :]
         )
-
-
-def _byte_offset(lines: list[bytes], lineno: int, col: int) -> int:
-    # ast columns are UTF-8 byte offsets into the source as Python decodes it (PEP 263: a coding
-    # cookie may say latin-1 etc.); lines split like the tokenizer (\n, \r\n, \r).
-    before = sum(len(line) for line in lines[: lineno - 1])
-    encoding = tokenize.detect_encoding(iter(lines[:2]).__next__)[0]
-    if col == 0 or encoding in ("utf-8", "utf-8-sig"):
-        return before + col
-    text = lines[lineno - 1].decode(encoding).encode("utf-8")[:col].decode("utf-8")
-    return before + len(text.encode(encoding))
-
-
-def _lines_above(lines: list[bytes], lineno: int, count: int) -> list[str]:
-    above = lines[max(0, lineno - 1 - count) : lineno - 1]
-    return [line.strip().decode("utf-8", "replace") for line in above]
-
-
-def _parse(path: Path, data: bytes) -> ast.Module:
-    try:
-        return ast.parse(data, filename=str(path))
-    except (SyntaxError, ValueError) as exc:
-        detail = f"{exc.msg}, line {exc.lineno}" if isinstance(exc, SyntaxError) else str(exc)
-        raise ToolError(f"{path}: not recognised: does not parse ({detail})") from None
 
 
 # ------------------------------------------------------------------------------ bug #1
@@ -198,7 +174,7 @@ def page_table_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[
         return None
     layout, path = found
     data = files.data(layout.relative_path) if data is None else data
-    module = _parse(path, data)
+    module = parse(path, data)
     cls = _class(module, layout.class_name)
     method = cls and _method(cls, "init_cuda_graph_state")
     if method is None:
@@ -212,18 +188,18 @@ def page_table_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[
         )
     arg = calls[0].args[1]
     lines = data.splitlines(keepends=True)
-    start = _byte_offset(lines, arg.lineno, arg.col_offset)
-    end = _byte_offset(lines, arg.end_lineno, arg.end_col_offset)
+    start = byte_offset(lines, arg.lineno, arg.col_offset)
+    end = byte_offset(lines, arg.end_lineno, arg.end_col_offset)
     found_expr = data[start:end].decode("utf-8", "replace")
-    method_text = data[_byte_offset(lines, method.lineno, 0) : start]
-    patched_here = found_expr == width.PAGE_TABLE_WIDTH_EXPR and _lines_above(
+    method_text = data[byte_offset(lines, method.lineno, 0) : start]
+    patched_here = found_expr == width.PAGE_TABLE_WIDTH_EXPR and lines_above(
         lines, arg.lineno, len(PAGE_TABLE_COMMENT)
     ) == list(PAGE_TABLE_COMMENT)
     return Site(
         bug=Bug.PAGE_TABLE,
         path=path,
         data=data,
-        line_start=_byte_offset(lines, arg.lineno, 0),
+        line_start=byte_offset(lines, arg.lineno, 0),
         start=start,
         end=end,
         lineno=arg.lineno,
@@ -258,7 +234,7 @@ def row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[Site]:
     if path is None:
         return inline_row_site(files, data)
     data = read if data is None else data
-    module = _parse(path, data)
+    module = parse(path, data)
     functions = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
     function = functions.get(release.ROW_SIZING_FUNCTION)
     last = function.body[-1] if function and function.body else None
@@ -353,7 +329,7 @@ def preclaims_bonus_slot(files: TreeFiles) -> bool:
     data = files.data(release.SPEC_V2_DECODE_FILE)
     if data is None:
         return False
-    for node in ast.walk(_parse(files.path(release.SPEC_V2_DECODE_FILE), data)):
+    for node in ast.walk(parse(files.path(release.SPEC_V2_DECODE_FILE), data)):
         if (
             isinstance(node, ast.AugAssign)
             and _name_of(node.target) == "kv_committed_len"
@@ -382,34 +358,33 @@ def _row_statement_before(
     ``legacy``: an older form of this tool's change is there instead (the margin form of 0.2,
     or one of ``older``: (comment, statement) pairs), which ``revert`` undoes."""
     lines = data.splitlines(keepends=True)
-    start = _byte_offset(lines, anchor.lineno, anchor.col_offset)
-    if data[_byte_offset(lines, anchor.lineno, 0) : start].strip():
+    start = byte_offset(lines, anchor.lineno, anchor.col_offset)
+    if data[byte_offset(lines, anchor.lineno, 0) : start].strip():
         # (``pass; return extra``: a line above would land mid-statement, and the change would
         # then read as sglang's own form.)
         raise ToolError(f"{path}:{anchor.lineno}: not recognised: `{found}` shares its line with other code")
-    above = _lines_above(lines, anchor.lineno, 3)
+    above = lines_above(lines, anchor.lineno, 3)
     variable = replacement.split(" = ", 1)[0]
     legacy = (
         len(above) == 3
         and above[0] == LEGACY_ROW_COMMENT
         and above[2].startswith(f"{variable} = max({variable}, ")
     ) or any(
-        _lines_above(lines, anchor.lineno, len(old_comment) + 1) == [*old_comment, old_statement]
+        lines_above(lines, anchor.lineno, len(old_comment) + 1) == [*old_comment, old_statement]
         for old_comment, old_statement in older
     )
     return Site(
         bug=Bug.ROW_OVERFLOW,
         path=path,
         data=data,
-        line_start=_byte_offset(lines, anchor.lineno, 0),
+        line_start=byte_offset(lines, anchor.lineno, 0),
         start=start,
         end=start,
         lineno=anchor.lineno,
         comment=comment,
         replacement=replacement,
         found=found,
-        patched_here=legacy
-        or _lines_above(lines, anchor.lineno, len(comment) + 1) == [*comment, replacement],
+        patched_here=legacy or lines_above(lines, anchor.lineno, len(comment) + 1) == [*comment, replacement],
         hookable=hookable,
         legacy=legacy,
     )
@@ -437,7 +412,7 @@ def inline_row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[
     comment = row_comment(f"2 * {release.INLINE_ALLOC_FUNCTION}()")
     ours = f"{variable} = max({variable}, 2 * "  # this form and the older margin form
     lines = data.splitlines(keepends=True)
-    for body in (n.body for n in ast.walk(_parse(path, data)) if isinstance(getattr(n, "body", None), list)):
+    for body in (n.body for n in ast.walk(parse(path, data)) if isinstance(getattr(n, "body", None), list)):
         for i, node in enumerate(body):
             grows = (
                 isinstance(node, ast.If)
@@ -462,7 +437,11 @@ def _source_line(lines: list[bytes], node: ast.stmt) -> str:
     return lines[node.lineno - 1].strip().decode("utf-8", "replace")
 
 
-LOCATORS = {Bug.PAGE_TABLE: page_table_site, Bug.ROW_OVERFLOW: row_site}
+LOCATORS = {
+    Bug.PAGE_TABLE: page_table_site,
+    Bug.ROW_OVERFLOW: row_site,
+    Bug.FA3_PAGE_TABLE: fa3_sites.fa3_page_table_site,
+}
 
 
 def site_in(site: Site, files: TreeFiles, data: bytes) -> Optional[Site]:

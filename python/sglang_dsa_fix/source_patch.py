@@ -1,4 +1,4 @@
-"""In-tree form of both fixes: apply, revert and diff an sglang tree (``classify`` judges it).
+"""In-tree form of the fixes: apply, revert and diff an sglang tree (``classify`` judges it).
 
 ``apply`` / ``revert`` return an ``Outcome``
 (data; only the CLI renders it). The original of every file changed is kept beside it as

@@ -1,4 +1,6 @@
-"""``check`` and ``status``: is THIS tree / deployment protected, per bug? One flow, one way:
+"""``check`` and ``status``: is THIS tree / deployment protected, per bug? The one verdict flow.
+
+One flow, one way:
 
     1. tree: ``classify.read_tree`` (what the files say, per bug, and which release's
        arithmetic they carry), and the plugin (the TARGET environment's own metadata, never the

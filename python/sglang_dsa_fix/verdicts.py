@@ -1,10 +1,12 @@
-"""One verdict model for ``check``, ``status``, ``status --url``, the plugin and the README.
+"""One vocabulary for ``check``, ``status``, ``status --url``, the plugin and the README.
 
-Two layers, each a small enum:
-- ``Verdict``: what the tree's files say about one bug (``classify.states``);
+- ``Verdict``: what the tree's files alone say about one bug (``classify.states``), in the
+  tokens of ``State`` (JSON ``tree_state``);
 - ``State``: what that means for a deployment once the plugin and (with ``status``) the
-  configuration are taken into account. Every ``State`` has exactly one exit code; the README's
-  exit-code table lists them and a test compares the two.
+  configuration are taken into account (JSON ``state``; the plugin's own report per bug too).
+  Every ``State`` has exactly one exit code and one text; the README's exit-code table lists
+  them and a test compares the two;
+- ``Hook``: what the plugin's hook did in a server process (JSON ``hook``, beside its ``state``).
 """
 
 from __future__ import annotations
@@ -18,40 +20,46 @@ from sglang_dsa_fix.errors import EXIT_AFFECTED, EXIT_CANNOT_TELL, EXIT_PROTECTE
 class Bug(enum.Enum):
     PAGE_TABLE = "page_table"  # bug #1: CUDA-graph page_table narrower than req_to_token (crash)
     ROW_OVERFLOW = "req_to_token_row"  # bug #2: spec-v2 row write past the row end (corruption)
+    FA3_PAGE_TABLE = "fa3_page_table"  # bug #3: FA3 CUDA-graph page tables a verify outgrows (crash)
 
     @property
     def title(self) -> str:
         return {
             Bug.PAGE_TABLE: "bug #1 CUDA-graph page_table width (crash)",
             Bug.ROW_OVERFLOW: "bug #2 req_to_token row overflow (silent corruption)",
+            Bug.FA3_PAGE_TABLE: "bug #3 FA3 CUDA-graph page tables (crash)",
         }[self]
 
 
 class Verdict(enum.Enum):
-    """What the files say (no plugin, no configuration)."""
+    """What the files say (no plugin, no configuration), as ``State`` tokens."""
 
     AFFECTED = "affected"
-    STALE_BYTECODE = "fixed in source, but Python loads stale bytecode"
-    FIXED_IN_TREE = "fixed in-tree by sglang-dsa-fix"
-    FIXED_UPSTREAM = "fixed upstream"
-    NOT_APPLICABLE = "not applicable"
-    NOT_COVERED = "cannot tell"
+    STALE_BYTECODE = "stale_bytecode"
+    FIXED_IN_TREE = "fixed_in_tree"
+    FIXED_UPSTREAM = "fixed_upstream"
+    NOT_APPLICABLE = "not_applicable"
+    NOT_COVERED = "cannot_tell"
+
+    @property
+    def state(self) -> State:
+        return _FROM_VERDICT[self]
 
 
 class State(enum.Enum):
     """A bug's state for one deployment: (token, text, exit code)."""
 
     AFFECTED = ("affected", "affected", EXIT_AFFECTED)
-    STALE_BYTECODE = ("stale_bytecode", Verdict.STALE_BYTECODE.value, EXIT_AFFECTED)
+    STALE_BYTECODE = ("stale_bytecode", "fixed in source, but Python loads stale bytecode", EXIT_AFFECTED)
     PROTECTED_BY_PLUGIN = (
         "protected_by_plugin",
         "protected by the plugin once sglang loads it (confirm with `status --url`)",
         EXIT_PROTECTED,
     )
-    FIXED_IN_TREE = ("fixed_in_tree", Verdict.FIXED_IN_TREE.value, EXIT_PROTECTED)
-    FIXED_UPSTREAM = ("fixed_upstream", Verdict.FIXED_UPSTREAM.value, EXIT_PROTECTED)
+    FIXED_IN_TREE = ("fixed_in_tree", "fixed in-tree by sglang-dsa-fix", EXIT_PROTECTED)
+    FIXED_UPSTREAM = ("fixed_upstream", "fixed upstream", EXIT_PROTECTED)
     NOT_REACHABLE = ("not_reachable", "not reachable at this configuration", EXIT_PROTECTED)
-    NOT_APPLICABLE = ("not_applicable", Verdict.NOT_APPLICABLE.value, EXIT_PROTECTED)
+    NOT_APPLICABLE = ("not_applicable", "not applicable", EXIT_PROTECTED)
     CANNOT_TELL = ("cannot_tell", "cannot tell", EXIT_CANNOT_TELL)
 
     @property
@@ -65,6 +73,22 @@ class State(enum.Enum):
     @property
     def exit_code(self) -> int:
         return self.value[2]
+
+    @classmethod
+    def of_token(cls, token: str) -> Optional[State]:
+        return next((state for state in cls if state.token == token), None)
+
+
+class Hook(enum.Enum):
+    """What the plugin's hook for one bug did in a server process (``plugin.STATE``)."""
+
+    NONE = "none"  # nothing to hook: the files hold it, no such code, or not hookable
+    INSTALLED = "installed"  # registered through sglang's HookRegistry, not yet called
+    APPLIED = "applied"  # ran: the width holds
+    NOT_REACHED = "not_reached"  # this process never ran the hooked function
+    DISABLED = "disabled"  # the kill switch
+    UNSUPPORTED = "unsupported"  # could not be registered here
+    FAILED = "failed"  # raised (sglang's own value kept) or sglang did not apply it
 
 
 _FROM_VERDICT = {
@@ -94,8 +118,8 @@ def judge(
             return State.NOT_REACHABLE
         if plugin_fixes and fix_holds:
             return State.PROTECTED_BY_PLUGIN
-    if verdict is Verdict.FIXED_IN_TREE and reachable:
-        return State.AFFECTED  # the change in the files does not hold this configuration
+    if verdict in (Verdict.FIXED_IN_TREE, Verdict.FIXED_UPSTREAM) and reachable:
+        return State.AFFECTED  # the files' own width does not hold this configuration
     return _FROM_VERDICT[verdict]
 
 

@@ -1,4 +1,4 @@
-"""The two width rules this project enforces, each written once.
+"""The width rules of bugs #1 and #2, each written once, and every bug at a configuration.
 
 Bug #1 (crash): the CUDA-graph ``page_table`` of the DSA/NSA backend must be exactly as wide as
 ``req_to_token``. Replay copies ``req_to_token[idx, :k]`` into ``page_table[:, :k]`` with ``k`` up
@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
+from sglang_dsa_fix import release
 from sglang_dsa_fix.release import Form
+from sglang_dsa_fix.verdicts import Bug, Verdict
 
 # --------------------------------------------------------------------------------------------
 # Bug #1: the graph page_table width.
@@ -294,3 +296,239 @@ def fixed_row_extra(form: Form, shape: SpecShape) -> int:
     """The row headroom with either fix form live (mirror of what they compute)."""
     align = shape.page_size if form.page_aligns_reservation else 1
     return max(pristine_row_extra(form, shape), row_extra_floor(reserve_per_decode(shape, form), align))
+
+
+# --------------------------------------------------------------------------------------------
+# Each bug at a configuration (``bugs.judge`` turns it into a state). Bug #3's table arithmetic
+# sits here beside the others; its rule and runtime fix are ``fa3_width``'s.
+
+
+def pages_read(cache_seqlen: int, page_size: int) -> int:
+    """Page-table entries the FA3 kernel reads for one request told ``cache_seqlen`` keys."""
+    return -(-int(cache_seqlen) // int(page_size))
+
+
+def graph_table_pages(row_width: int, page_size: int) -> int:
+    """A graph table's pages for a row of ``row_width`` tokens: sglang sizes it from
+    context_len (pristine), the rule from req_to_token's width."""
+    return -(-int(row_width) // int(page_size))
+
+
+def longest_verify_pages(context_len: int, num_draft_tokens: int, page_size: int, overlap: bool) -> int:
+    """Entries of its table row the longest target_verify reads (topk 1): seq_len + D keys at the
+    longest seq_len the scheduler runs (``width.verify_seq_len_bound``). A draft decode reads
+    seq_len + step + 1 <= that (step + 1 <= D - 1 at topk 1)."""
+    longest = verify_seq_len_bound(context_len, num_draft_tokens, overlap)
+    return pages_read(longest + num_draft_tokens, page_size)
+
+
+# What the row arithmetic says beside the numbers, per decode prepare (``release.DECODE_PREPARE``).
+PREPARE_NOTES = {
+    release.DFLASH_PREPARE: (
+        "DFLASH (and DSPARK, its family) reserves 2 x block in its own decode path "
+        "(DFlashDraftInputV2.prepare_for_decode, speculative/dflash_info_v2.py 0.5.17:113, "
+        "0.5.23:114) with no row check; judged from get_alloc_reserve_per_decode(), which equals "
+        "that at steps = topk = 1; `--prove` drives that prepare itself on CPU; both fixes raise "
+        "the row to it"
+    ),
+    release.UNO_PREPARE: (
+        "UNO reserves 2 x (D + 1) in its own decode path and raises where it would pass the row "
+        "(speculative/uno_info.py 0.5.20:141-146): a refused request, not a silent overflow; "
+        "judged from sglang's own sizing, which holds that reservation from 0.5.20"
+    ),
+}
+
+
+def decode_backend(config: dict) -> Optional[str]:
+    """The attention backend decode (and its CUDA graphs) runs: sglang's
+    --decode-attention-backend where set, else --attention-backend."""
+    return config.get("decode_attention_backend") or config.get("attention_backend")
+
+
+def verify_backend(config: dict) -> Optional[str]:
+    """The attention backend target_verify runs: the decode backend under
+    --speculative-attention-mode decode, else the prefill one (0.5.23
+    layers/attention/hybrid_attn_backend.py:41-42, 76); one backend where neither is split."""
+    if config.get("speculative_attention_mode") == "decode":
+        return decode_backend(config)
+    return config.get("prefill_attention_backend") or config.get("attention_backend")
+
+
+def configuration_inputs(resolved: dict) -> dict:
+    """What the per-bug arithmetic reads, from a resolved (or static) configuration."""
+    config, widths = resolved["configuration"], resolved["widths"]
+    algorithm = config.get("speculative_algorithm")
+    inputs = {
+        "context_len": config["context_length"],
+        "num_draft_tokens": config.get("speculative_num_draft_tokens") or 0,
+        "overlap": not config.get("disable_overlap_schedule"),
+        "alloc_page_size": widths["alloc_page_size"],
+        "row_extra": widths["row_extra"],
+        "row_extra_with_plugin": widths.get("row_extra_with_plugin"),
+        "decode_reserve": widths["decode_reserve"],
+        "graph_page_table_width": widths.get("graph_page_table_width"),
+        "graph_page_table_from": widths.get("graph_page_table_from"),
+        "graph_page_table_error": widths.get("graph_page_table_error"),
+        "resolved": resolved.get("basis") == "sglang",
+        "page_size": config.get("page_size") or 1,
+        "topk": config.get("speculative_eagle_topk") or 1,
+    }
+    prepare = release.DECODE_PREPARE.get("NONE" if not algorithm else str(algorithm).upper(), "unknown")
+    inputs["preclaims_bonus"] = prepare != release.DFLASH_PREPARE
+    if prepare in PREPARE_NOTES:
+        inputs["row_note"] = PREPARE_NOTES[prepare]
+    if prepare == "unknown":
+        inputs["row_cannot_tell"] = (
+            f"speculative algorithm {algorithm}: this tool has no rule for its decode path "
+            "(release.DECODE_PREPARE)"
+        )
+    backend = decode_backend(config)
+    verify = verify_backend(config)
+    if resolved.get("basis") == "sglang" and not algorithm:
+        inputs["page_table_not_reachable"] = inputs["row_not_reachable"] = "no speculative decoding"
+        inputs["fa3_not_reachable"] = "no speculative decoding"
+    elif config.get("disable_cuda_graph"):
+        inputs["page_table_not_reachable"] = inputs["fa3_not_reachable"] = "CUDA graphs disabled"
+    elif resolved.get("basis") == "sglang":
+        if backend not in release.DSA_BACKENDS:
+            inputs["page_table_not_reachable"] = (
+                f"decode attention backend {backend}: no DSA/NSA graph page_table"
+            )
+        if verify not in release.FA3_BACKENDS and backend not in release.FA3_BACKENDS:
+            inputs["fa3_not_reachable"] = (
+                f"verify / decode attention backend {verify} / {backend}: not FlashAttention (FA3)"
+            )
+    if resolved.get("basis") != "sglang":
+        inputs["fa3_not_reachable"] = (
+            "static rule: the shape flags describe bug #1's DSA deployment, which runs no FA3 "
+            "(give the launch arguments after `--` to judge an FA3 deployment)"
+        )
+    return inputs
+
+
+def page_table_at(verdict, found: str, inputs: dict) -> dict:
+    """Bug #1 at a configuration: the pool and graph buffer widths, and whether the longest
+    target_verify the scheduler can run reads past the buffer (``width.verify_seq_len_bound``,
+    observed on the H200 at D 5, checked by the CPU driver on 0.5.14: test/srt/test_verify_reach.py)."""
+    C, D = inputs["context_len"], inputs["num_draft_tokens"]
+    pool = C + inputs["row_extra"]
+    buffer, source = inputs.get("graph_page_table_width"), inputs.get("graph_page_table_from")
+    if buffer is None:  # the static rule: the file's own expression at this shape
+        source = "static rule: the file's width expression"
+        if inputs.get("graph_page_table_error"):
+            source += f" (init_cuda_graph_state could not run here: {inputs['graph_page_table_error']})"
+        if verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE):
+            buffer = pool
+        else:
+            buffer = evaluate_page_table_expression(found, C, D, pool)
+    longest = verify_seq_len_bound(C, D, inputs["overlap"])
+    out = {
+        "req_to_token_width": pool,
+        "graph_page_table_width": buffer,
+        "graph_page_table_from": source,
+        "longest_verify_seq_len": longest,
+    }
+    if inputs.get("page_table_not_reachable"):
+        out.update(reachable=False, why_not=inputs["page_table_not_reachable"])
+    elif buffer is None:
+        out["reachable"] = None
+    else:
+        # The replay copies min(seq_len + D, pool) columns of req_to_token into the buffer
+        # (slices clamp): only a pool wider than the buffer can overflow it.
+        out["reachable"] = longest + D > buffer and pool > buffer
+        out["overflowing_seq_lens"] = [buffer - D + 1, longest] if out["reachable"] else None
+    return out
+
+
+def fa3_at(verdict, inputs: dict) -> dict:
+    """Bug #3 at a configuration: the pages of the longest verify's read (topk 1) against the FA3
+    graph tables' pages, sglang's (ceil(context_len / page), every release 0.5.4 - 0.5.23) or the
+    rule's (req_to_token's row, ``fa3_width``), now and with the fix."""
+    if inputs.get("fa3_not_reachable"):
+        return {"reachable": False, "why_not": inputs["fa3_not_reachable"]}
+    if inputs["topk"] > 1:
+        return {
+            "reachable": None,
+            "cannot_tell": "topk > 1: FA3 verifies through its token-wide topk > 1 tables, which "
+            "this tool's rule (topk 1) does not judge",
+        }
+    C, D, page = inputs["context_len"], inputs["num_draft_tokens"], inputs["page_size"]
+    pool = C + inputs["row_extra"]
+    pool_with_fix = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
+    fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
+    table = graph_table_pages(pool if fixed else C, page)
+    read = longest_verify_pages(C, D, page, inputs["overlap"])
+    with_fix = graph_table_pages(pool_with_fix, page)
+    return {
+        "graph_page_table_pages": table,
+        "graph_page_table_from": (
+            "static rule: "
+            + ("req_to_token's width in pages" if fixed else "ceil(context_len / page_size)")
+            + " (FlashAttentionBackend.init_cuda_graph_state)"
+        ),
+        "longest_verify_pages_read": read,
+        "pages_past_table": max(0, read - table),
+        "graph_page_table_pages_with_fix": with_fix,
+        "pages_past_table_with_fix": max(0, read - with_fix),
+        "reachable": read > table,
+    }
+
+
+def row_at(verdict, form: Form, inputs: dict) -> dict:
+    """Bug #2 at a configuration, from the row headroom and the decode reservation (sglang's own
+    numbers where resolved): how far the last reservation writes past the row end, now and with
+    either fix (``width.row_extra_floor``: the reservation plus the allocator page's rounding)."""
+    if inputs.get("row_not_reachable"):
+        return {"reachable": False, "why_not": inputs["row_not_reachable"]}
+    extra, reserve, page = inputs["row_extra"], inputs["decode_reserve"], inputs["alloc_page_size"]
+    need = required_row_extra(
+        reserve, page, form, inputs["overlap"], inputs["preclaims_bonus"], inputs["context_len"]
+    )
+    align = page if form.page_aligns_reservation else 1
+    # Resolved by sglang: the plugin's own hook ran on sglang's numbers (runtime_fix); the
+    # in-tree form computes the same. Else the rule: the reservation and the page's rounding.
+    with_fix = inputs["row_extra_with_plugin"] or max(extra, row_extra_floor(reserve, align))
+    # Resolved by sglang, the headroom is the tree's own function, an in-tree change included;
+    # the static rule mirrors the pristine function, so a tree whose files hold the reservation
+    # (patched, or fixed upstream) gets the fix's number.
+    fixed = verdict in (Verdict.FIXED_IN_TREE, Verdict.FIXED_UPSTREAM)
+    now = with_fix if fixed and not inputs["resolved"] else extra
+    columns = max(0, need - now)
+    return {
+        **({"note": inputs["row_note"]} if "row_note" in inputs else {}),
+        "row_extra": now,
+        "decode_reserve": reserve,
+        "alloc_page_size": page,
+        "row_extra_needed": need,
+        "row_extra_with_fix": with_fix,
+        "columns_past_row_end": columns,
+        "columns_past_row_end_with_fix": max(0, need - with_fix),
+        "reachable": columns > 0,
+    }
+
+
+def measured(at: dict, prove: dict) -> dict:
+    """``status --prove``: what sglang's real decode path wrote, beside the arithmetic."""
+    if "columns_past_row_end" not in prove or "columns_past_row_end" not in at:
+        return prove
+    agrees = prove["columns_past_row_end"] == at["columns_past_row_end"]
+    out = {**prove, "agrees_with_arithmetic": agrees}
+    if not agrees:  # the drive ran sglang's own decode path; the arithmetic is this tool's model
+        out["sglang_behaviour"] = "measured"
+    return out
+
+
+def at_configuration(bug, verdict, found: str, form: Form, resolved: dict) -> dict:
+    """One bug at a resolved (or static) configuration: its widths, whether it is reached
+    (``reachable``: True / False / None, or ``cannot_tell``), and the same with the fix."""
+    inputs = configuration_inputs(resolved)
+    if bug is Bug.PAGE_TABLE:
+        return page_table_at(verdict, found, inputs)
+    if bug is Bug.FA3_PAGE_TABLE:
+        return fa3_at(verdict, inputs)
+    if "row_cannot_tell" in inputs:
+        return {"reachable": None, "cannot_tell": inputs["row_cannot_tell"]}
+    at = row_at(verdict, form, inputs)
+    if "prove" in resolved:
+        at["measured"] = measured(at, resolved["prove"])
+    return at

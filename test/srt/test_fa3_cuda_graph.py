@@ -517,6 +517,51 @@ class TestRuntimeFix(Checks, unittest.TestCase):
         self.assertFalse(fa3_width.holds(backend))
 
 
+@unittest.skipUnless(
+    torch.cuda.is_available(), "needs a CUDA GPU (the GPU tier: scripts/gpu/run_gpu_tier.sh)"
+)
+class TestMemoryCUDA(unittest.TestCase):
+    """The fixed tables' memory on a GPU, as the CUDA caching allocator counts it: the release's
+    own init_cuda_graph_state on CUDA tensors at deployment sizes, then enforce. FA3's kernel is
+    not needed (nor in the offline bundle): nothing here runs it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.addClassCleanup(g.import_fa3())
+
+    def test_fixed_tables_memory_on_the_gpu(self):
+        costs = {}
+        for context, page, D, max_bs in ((262144, 1, 4, 256), (262144, 16, 4, 256), (131072, 1, 8, 64)):
+            extra = width.pristine_row_extra(FORM, width.SpecShape(context, D, D - 1, 1, page))
+            row = context + extra
+            pool = g.Fields(req_to_token=torch.empty(max_bs + 1, row, dtype=torch.int32, device="cuda"))
+            backend = g.fa3_release_backend(pool, context, D, page)
+            backend.device = torch.device("cuda")
+            backend.init_cuda_graph_state(max_bs, max_bs * D)
+            torch.cuda.synchronize()
+            tables_before, allocated_before = _table_bytes(backend), torch.cuda.memory_allocated()
+            changes = fa3_width.enforce(backend)
+            torch.cuda.synchronize()
+            measured = torch.cuda.memory_allocated() - allocated_before
+            tables = _table_bytes(backend) - tables_before
+            self.assertEqual(tables, 4 * fa3_width.extra_bytes(max_bs, context, row, page))
+            # Beside the tables: the new strided_indices page starts (int64, one per page; an old
+            # copy another entry still holds is not freed) and the caching allocator's rounding of
+            # each new block.
+            strided = sum(8 * new for _, _, key, _, new in changes if key == "strided_indices")
+            self.assertGreaterEqual(measured, tables)
+            self.assertLessEqual(measured, tables + strided + (2 << 20) * len(changes))
+            costs[f"C {context} page {page} D {D} row {row} max_bs {max_bs}"] = {
+                "tables_bytes_before": tables_before,
+                "tables_bytes_added": tables,
+                "strided_indices_bytes_new": strided,
+                "cuda_memory_allocated_added": measured,
+            }
+            del backend, pool
+            torch.cuda.empty_cache()
+        REPORT.setdefault(version(), {})["memory on the GPU (bytes) per backend"] = costs
+
+
 class TestInTreeChange(Checks, unittest.TestCase):
     """fa3_sites' edits applied to a temporary copy of the release's own file, imported and
     driven the same way (no runtime fix)."""

@@ -20,6 +20,11 @@ from sglang_dsa_fix import sites, snapshot, source_patch
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.verdicts import Bug
 
+# The bugs whose patched module is loaded here. Bug #3's flashattention_backend imports
+# sgl_kernel at module import: its tier loads the patched file over a stand-in itself
+# (test/graph_backends.import_fa3_file).
+LOADED = (Bug.PAGE_TABLE, Bug.ROW_OVERFLOW)
+
 
 @dataclass
 class PatchedCopy:
@@ -67,8 +72,8 @@ def patched_copy():
         try:
             modules = {}
             for state in outcome.states:
-                if state.site is not None and not state.site.hookable:  # row sized inline
-                    continue
+                if state.bug not in LOADED or (state.site is not None and not state.site.hookable):
+                    continue  # (the row sized inline: below)
                 if state.site is not None and state.site.path in outcome.changed:
                     relative = state.site.path.relative_to(copy.package_parent).with_suffix("")
                     installed_name = ".".join(relative.parts)

@@ -68,6 +68,9 @@ class RowCase:
     num_steps: Optional[int] = None  # default D - 1 (topk 1)
     algorithm: str = "EAGLE"
     dcp_size: int = 1  # decode context parallel: the allocator pages page_size x dcp_size
+    # Where the pool, allocator and batch live: "cpu" (the kernels in Triton's interpreter) or
+    # "cuda" (compiled: a GPU host, whose Triton's interpreter may not run sglang's kernels).
+    device: str = "cpu"
 
     @property
     def steps(self) -> int:
@@ -109,9 +112,11 @@ class RowResult:
         return self.columns_past_row_end == 0 and self.canary_clobbered == 0 and self.leaked_slots == 0
 
 
-def require_interpreter() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+def require_interpreter(device: str = "cpu") -> None:
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("set TRITON_INTERPRET=1 before importing triton to run the kernels on CPU")
+    if device != "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError(f"TRITON_INTERPRET=1: the kernels would not run compiled on {device}")
 
 
 def sizing_args(server_args) -> tuple:
@@ -181,7 +186,7 @@ def _prepare_for_decode(case: RowCase):
     if release.DECODE_PREPARE.get(case.algorithm.upper()) == release.DFLASH_PREPARE:  # DFLASH, DSPARK
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
-        spec_info = DFlashDraftInputV2.create_idle_input("cpu")
+        spec_info = DFlashDraftInputV2.create_idle_input(case.device)
 
         def prepare(batch):
             batch.spec_info = spec_info
@@ -262,8 +267,8 @@ def _allocator(case: RowCase, size: int):
     except ImportError:
         from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
     if case.alloc_page == 1:
-        return TokenToKVPoolAllocator(size, torch.bfloat16, "cpu", None, False)
-    return PagedTokenToKVPoolAllocator(size, case.alloc_page, torch.bfloat16, "cpu", None, False)
+        return TokenToKVPoolAllocator(size, torch.bfloat16, case.device, None, False)
+    return PagedTokenToKVPoolAllocator(size, case.alloc_page, torch.bfloat16, case.device, None, False)
 
 
 def _disabled_tree_cache(pool, allocator, page_size: int):
@@ -301,7 +306,7 @@ def _release(req, tree_cache) -> None:
 def run(case: RowCase, sizing_function=None) -> RowResult:
     """One request from its first decode prepare to its release. ``sizing_function`` replaces
     the release's ``get_req_to_token_extra_context_len`` (a fixed one); None = as installed."""
-    require_interpreter()
+    require_interpreter(case.device)
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -313,7 +318,9 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
     with global_server_args(server_args) as server_args:
         extra = sizing(*sizing_args(server_args))
         row_width = case.context_len + extra
-        pool = ReqToTokenPool(size=2, max_context_len=row_width, device="cpu", enable_memory_saver=False)
+        pool = ReqToTokenPool(
+            size=2, max_context_len=row_width, device=case.device, enable_memory_saver=False
+        )
         pages = -(-3 * row_width // case.alloc_page) + 4
         allocator = _allocator(case, pages * case.alloc_page)
         tree_cache = _disabled_tree_cache(pool, allocator, case.alloc_page)
@@ -349,13 +356,13 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
             req_to_token_pool=pool,
             token_to_kv_pool_allocator=allocator,
             tree_cache=tree_cache,
-            device="cpu",
+            device=case.device,
         )
-        batch.req_pool_indices = torch.tensor([row], dtype=torch.int64)
+        batch.req_pool_indices = torch.tensor([row], dtype=torch.int64, device=case.device)
         # The prompt length: what prefill leaves for the first verify (0.5.14 eagle_worker_v2.py:
         # 1081-1083). 0.5.9 - 0.5.12's prepare copies seq_lens to the host after the row write
         # (eagle_info_v2.py 0.5.12:174); the value is not read by the reservation.
-        batch.seq_lens = torch.tensor([case.prompt_len], dtype=torch.int64)
+        batch.seq_lens = torch.tensor([case.prompt_len], dtype=torch.int64, device=case.device)
         batch.sampling_info = SimpleNamespace(penalizer_orchestrator=SimpleNamespace(is_required=False))
         prepare = _prepare_for_decode(case)
         recorder = _WriteRecorder()

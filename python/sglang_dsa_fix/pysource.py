@@ -1,0 +1,37 @@
+"""Byte offsets and parsing of sglang's Python source, for the locators (``sites``, ``fa3_sites``).
+
+A change is a byte range of the file as read; ``ast`` gives UTF-8 columns, these helpers turn
+them into byte offsets of the file's own encoding. No torch, no sglang.
+"""
+
+from __future__ import annotations
+
+import ast
+import tokenize
+from pathlib import Path
+
+from sglang_dsa_fix.errors import ToolError
+
+
+def byte_offset(lines: list[bytes], lineno: int, col: int) -> int:
+    # ast columns are UTF-8 byte offsets into the source as Python decodes it (PEP 263: a coding
+    # cookie may say latin-1 etc.); lines split like the tokenizer (\n, \r\n, \r).
+    before = sum(len(line) for line in lines[: lineno - 1])
+    encoding = tokenize.detect_encoding(iter(lines[:2]).__next__)[0]
+    if col == 0 or encoding in ("utf-8", "utf-8-sig"):
+        return before + col
+    text = lines[lineno - 1].decode(encoding).encode("utf-8")[:col].decode("utf-8")
+    return before + len(text.encode(encoding))
+
+
+def lines_above(lines: list[bytes], lineno: int, count: int) -> list[str]:
+    above = lines[max(0, lineno - 1 - count) : lineno - 1]
+    return [line.strip().decode("utf-8", "replace") for line in above]
+
+
+def parse(path: Path, data: bytes) -> ast.Module:
+    try:
+        return ast.parse(data, filename=str(path))
+    except (SyntaxError, ValueError) as exc:
+        detail = f"{exc.msg}, line {exc.lineno}" if isinstance(exc, SyntaxError) else str(exc)
+        raise ToolError(f"{path}: not recognised: does not parse ({detail})") from None
