@@ -12,7 +12,8 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
   0.5.23): the whole tier where a function sizes the row (0.5.13+), the pristine overflow where
   the row is sized inline (0.5.11 - 0.5.12);
 - bug #3 CPU tier (test/srt/test_fa3_cuda_graph.py) on 0.5.17 and 0.5.23 (0.5.14 in the main
-  suite): the real FlashAttentionBackend's graph tables, pristine and fixed;
+  suite): the real FlashAttentionBackend's graph tables, pristine and fixed; and the other
+  backends' graph tables the watch flags (test/srt/test_graph_tables_other_backends.py);
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
   and what ``plugin.decide()`` says on the others; the family watch's DSA / NSA replay check and
   hook targets (test/test_watch.py) where the bug #1 CPU tier runs (0.5.11 - 0.5.13).
@@ -479,6 +480,8 @@ def main(argv=None) -> int:
             ("bug #1 CPU tier", case.cpu_tier, "test/srt/test_dsa_cuda_graph.py"),
             ("bug #2 CPU tier", case.row_tier, "test/srt/test_row_overflow.py"),
             ("bug #3 CPU tier", case.fa3_tier, "test/srt/test_fa3_cuda_graph.py"),
+            # Bug #3's other graph tables: each backend's measured verdict (reads past or not).
+            ("other backends' graph tables", case.fa3_tier, "test/srt/test_graph_tables_other_backends.py"),
         ):
             if base:
                 row.add(name, True, "run by the main test suite (base environment)")
