@@ -204,6 +204,34 @@ class TestResolvedBySglang(unittest.TestCase):
         self.assertEqual(page_table["at_configuration"]["graph_page_table_width"], 522)
         self.assertEqual((page_table["state"], rc), ("not_reachable", 0))
 
+    def test_fa3_deployment_judges_bug_3(self):
+        # Llama on FA3 (sglang resolves it from --attention-backend fa3), EAGLE 3 / 1 / 4, context
+        # 512: the longest verify (512) reads 516 keys; the graph tables hold ceil(512 / page)
+        # pages: page 1 -> 516 read from 512 (4 past), page 16 -> 33 from 32 (1 past); the fixed
+        # tables (req_to_token's row, 520 wide here) hold both. Not installed in this site dir.
+        for page, table, read in ((1, 512, 516), (16, 32, 33)):
+            with self.subTest(page=page):
+                rc, report, _ = self.status(
+                    "--model-path",
+                    str(self.model),
+                    "--speculative-draft-model-path",
+                    str(self.model),
+                    "--attention-backend",
+                    "fa3",
+                    "--page-size",
+                    str(page),
+                    *eagle(3, 4),
+                )
+                self.assertEqual(report["configuration"]["attention_backend"], "fa3")
+                fa3 = self.bug(report, "fa3_page_table")
+                at = fa3["at_configuration"]
+                self.assertEqual(
+                    (at["graph_page_table_pages"], at["longest_verify_pages_read"]), (table, read)
+                )
+                self.assertEqual((at["pages_past_table"], at["pages_past_table_with_fix"]), (read - table, 0))
+                self.assertEqual((fa3["state"], rc), ("affected", 1))
+                self.assertEqual(self.bug(report, "page_table")["state"], "not_reachable")  # no DSA
+
     @unittest.skipUnless(
         os.environ.get("SGLANG_DSA_FIX_FULL") == "1", "make test-full (keeps the fast tier < 4 min)"
     )
