@@ -9,11 +9,15 @@ import os
 import shutil
 import stat
 import sys
+import sysconfig
 import tempfile
 import unittest
 from pathlib import Path
+from unittest import mock
 
 from helpers import INSTALLED, run_cli
+
+from sglang_dsa_fix import status
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -95,9 +99,13 @@ class TestResolvedBySglang(unittest.TestCase):
         shutil.rmtree(cls.tmp)
 
     def status(self, *launch_args, extra=()):
-        rc, out, err = run_cli(
-            "status", "--json", "--sglang-root", str(self.site), *extra, "--", *launch_args
-        )
+        # The plugin is looked for on the target interpreter's sys.path (issue 27 f), here this
+        # Python's, which has the test run's own install: judged as a server without it
+        # (test_plugin_lookup.py covers the lookup).
+        with mock.patch.object(status, "plugin_found_on", return_value=None):
+            rc, out, err = run_cli(
+                "status", "--json", "--sglang-root", str(self.site), *extra, "--", *launch_args
+            )
         report = json.loads(out)
         self.assertEqual(rc, report["exit_code"], err)
         return rc, report, err
@@ -144,6 +152,9 @@ class TestResolvedBySglang(unittest.TestCase):
         self.assertEqual((measured["columns_past_row_end"], measured["neighbour_cells_changed"]), (5, 5))
         self.assertTrue(measured["agrees_with_arithmetic"])
         self.assertEqual(self.bug(report, "page_table")["state"], "not_reachable")  # fa3, not DSA
+        # The plugin was looked for on the sys.path the resolution child itself had.
+        self.assertEqual(report["plugin"]["interpreter"], sys.executable)
+        self.assertIn(sysconfig.get_paths()["purelib"], report["plugin"]["looked_in"])
 
     def test_sources_as_argparse_reads_the_arguments(self):
         # In this process (no child): abbreviations are arguments, only --config values are the file's.

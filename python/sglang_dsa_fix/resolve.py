@@ -7,7 +7,10 @@ its ``req_to_token`` row with sglang's OWN functions, in a child process.
 then ``resolve_once``) under a GPU profile, reads the resolved fields and calls
 ``get_req_to_token_extra_context_len`` / ``get_alloc_reserve_per_decode`` of that tree. The parent
 imports neither torch nor sglang. Where the child cannot import sglang, ``resolve`` falls back to
-the static rule on the flags it can read (``"basis": "static"``, with the reason).
+the static rule on the flags it can read (``"basis": "static"``, with the reason). Either way
+the child reports its own ``sys.path`` (before the tree and this package were put first): where
+the server's interpreter would find the plugin (``status.plugin_report``), under
+``PLUGIN_SEARCH`` in what ``resolve`` returns.
 
 sglang's argument processing asks the device (0.5.14 server_args.py:2521
 ``get_device_memory_capacity``, :4893 ``is_sm100_supported``, :5927 ``get_device_sm``; 0.5.23
@@ -90,7 +93,13 @@ DRAIN_S = 2.0
 MAX_RESULT_LINE = 1 << 20  # characters; a result is a few KiB
 MAX_INT = 1 << 62
 ERROR_KINDS = ("import", "arguments", "refused")
-RESULT_FIELDS = ("sglang_version", "configuration", "sources", "widths", "prove")
+RESULT_FIELDS = ("sglang_version", "configuration", "sources", "widths", "prove", "sys_path")
+# The child's own sys.path (``child_main``), where the plugin is looked for (``status``): at most
+# MAX_SYS_PATH entries of at most MAX_PATH_ENTRY characters each. ``resolve`` hands it on under
+# PLUGIN_SEARCH, with the interpreter that reported it.
+MAX_SYS_PATH = 1024
+MAX_PATH_ENTRY = 4096
+PLUGIN_SEARCH = "plugin_search"
 INT_FIELDS = (
     "speculative_num_draft_tokens",
     "speculative_eagle_topk",
@@ -256,9 +265,12 @@ def resolve(
     if not allow_unsafe_dirs:
         refuse_foreign_code(interpreter, tree)
     ours = str(Path(__file__).resolve().parents[1])
+    # The target's own sys.path (its site dirs, PYTHONPATH as this environment hands it on) is
+    # taken before the tree and this package are put first: where the server would find the
+    # plugin.
     boot = (
-        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
-        "from sglang_dsa_fix import resolve; resolve.child_main(sys.argv[3:])"
+        "import sys; path = list(sys.path); sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
+        "from sglang_dsa_fix import resolve; resolve.child_main(sys.argv[3:], path)"
     )
     command = [
         str(interpreter),
@@ -290,10 +302,13 @@ def resolve(
     except OSError as exc:
         raise ToolError(f"{interpreter}: cannot run ({exc.strerror})") from None
     result = read_result(interpreter, returncode, stdout, stderr)
+    sys_path = result.pop("sys_path", None)
+    search = None if sys_path is None else {"interpreter": str(interpreter), "sys_path": sys_path}
     if result.get("error_kind") == "refused":
         raise ToolError(result["error"])
     if result.get("error_kind") == "import":
-        return static_fallback(launch_args, form, f"{interpreter} cannot import sglang ({result['error']})")
+        out = static_fallback(launch_args, form, f"{interpreter} cannot import sglang ({result['error']})")
+        return out if search is None else {**out, PLUGIN_SEARCH: search}
     if "error" in result:
         raise ToolError(f"sglang rejected the launch arguments: {result['error']}")
     result["resolved_with"] = (
@@ -301,6 +316,8 @@ def resolve(
         f"{time.monotonic() - started:.1f} s)"
     )
     result["basis"] = "sglang"
+    if search is not None:
+        result[PLUGIN_SEARCH] = search
     return result
 
 
@@ -414,6 +431,13 @@ def schema_error(result) -> Optional[str]:
     """What in a parsed result line is not what ``child_main`` prints, or None."""
     if not isinstance(result, dict):
         return f"a JSON {type(result).__name__}, not an object"
+    path = result.get("sys_path", [])
+    if not (
+        isinstance(path, list)
+        and len(path) <= MAX_SYS_PATH
+        and all(isinstance(entry, str) and len(entry) <= MAX_PATH_ENTRY for entry in path)
+    ):
+        return f"sys_path is not a list of at most {MAX_SYS_PATH} paths"
     if "error_kind" in result or "error" in result:
         if result.get("error_kind") not in ERROR_KINDS or not isinstance(result.get("error"), str):
             return "an error without a known kind and its text"
@@ -817,8 +841,22 @@ def _graph_page_table_width(config: dict, widths: dict) -> dict:
     }
 
 
-def child_main(argv: list) -> None:
-    """In the target environment: print one RESULT_MARK line of JSON, whatever happens."""
+def child_main(argv: list, sys_path: Optional[list] = None) -> None:
+    """In the target environment: print one RESULT_MARK line of JSON, whatever happens.
+    ``sys_path``: this interpreter's own path before the boot line put the tree and this package
+    first; reported (``""``, the working directory, as its absolute path) for the plugin lookup."""
+    result = _child_result(argv)
+    if sys_path is not None:
+        try:
+            cwd = os.getcwd()
+        except OSError:  # a removed working directory: nothing is imported from it
+            cwd = None
+        entries = [entry or cwd for entry in sys_path if isinstance(entry, str)]
+        result["sys_path"] = [e for e in entries if e and len(e) <= MAX_PATH_ENTRY][:MAX_SYS_PATH]
+    _emit(result)
+
+
+def _child_result(argv: list) -> dict:
     import contextlib
     import io
     import logging
@@ -827,15 +865,13 @@ def child_main(argv: list) -> None:
     profile = options["profile"]
     refused = _config_refusal(launch_args)
     if refused is not None:
-        _emit({"error_kind": "refused", "error": refused})
-        return
+        return {"error_kind": "refused", "error": refused}
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             _preimport()
             import sglang
     except Exception as exc:  # ImportError, or a broken environment: the static rule takes over
-        _emit({"error_kind": "import", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
-        return
+        return {"error_kind": "import", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     logging.disable(logging.CRITICAL)
     errors = io.StringIO()
     try:
@@ -851,11 +887,9 @@ def child_main(argv: list) -> None:
             widths = _widths(server_args)
     except SystemExit as exc:  # argparse: its message went to stderr
         said = (errors.getvalue().strip().splitlines() or [f"sglang's parser exited ({exc.code})"])[-1]
-        _emit({"error_kind": "arguments", "error": said})
-        return
+        return {"error_kind": "arguments", "error": said}
     except BaseException as exc:
-        _emit({"error_kind": "arguments", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
-        return
+        return {"error_kind": "arguments", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     widths.update(_graph_page_table_width(config, widths))
     result = {
         "sglang_version": getattr(sglang, "__version__", None),
@@ -865,7 +899,7 @@ def child_main(argv: list) -> None:
     }
     if options.get("prove"):
         result["prove"] = _prove(config, widths)
-    _emit(result)
+    return result
 
 
 PROVE_CONTEXT, PROVE_PROMPT = 256, 100

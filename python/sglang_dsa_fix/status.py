@@ -3,11 +3,14 @@
 One flow, one way:
 
     1. tree: ``classify.read_tree`` (what the files say, per bug, and which release's
-       arithmetic they carry), and the plugin (the TARGET environment's own metadata, never the
-       caller's Python unless that is it);
+       arithmetic they carry);
     2. configuration and widths (optional): ``resolve.configuration`` — sglang's own ServerArgs
        resolution and sizing functions in a child process, or the static rule for the old shape
-       flags, labelled ``"basis": "static"``;
+       flags, labelled ``"basis": "static"``; and the plugin, looked for where the server would
+       import it: with ``-- <launch args>`` on the sys.path of the target interpreter (the
+       resolution child's own: its site dirs, PYTHONPATH as this environment hands it on, the
+       tree's parent), else in this Python's environment (no --sglang-root) or the tree's site
+       dir (``plugin_report``);
     3. per bug a ``verdicts.State`` and the exit code (``bugs.judge``, pure) from 1 and 2.
 
 ``check`` is this flow without a configuration; ``status --url`` (``server_status``) judges what
@@ -93,12 +96,49 @@ def plugin_installed_here() -> bool:
     )
 
 
-def plugin_report(files, own_environment: bool) -> dict:
+def plugin_search_dirs(package_parent: Path, sys_path: list) -> list:
+    """The directories a server whose interpreter has ``sys_path`` imports from, the tree's parent
+    (where it imports sglang from) first; each once, absolute, in order."""
+    dirs = []
+    for entry in [str(package_parent), *sys_path]:
+        path = Path(os.path.abspath(entry))
+        if path not in dirs:
+            dirs.append(path)
+    return dirs
+
+
+def plugin_found_on(dirs: list) -> Optional[Path]:
+    """The first of ``dirs`` that registers the plugin and holds its code
+    (``plugin_installed_in``), or None. A zip or a missing entry holds none."""
+    for directory in dirs:
+        try:
+            if directory.is_dir() and plugin_installed_in(directory):
+                return directory
+        except OSError:  # unreadable: the server could not import from it either
+            continue
+    return None
+
+
+def plugin_report(files, own_environment: bool, target: Optional[dict] = None) -> dict:
     """Is the plugin installed where the server imports it, and does this release load it
-    (``files``: the tree as ``snapshot.read`` read it)?"""
+    (``files``: the tree as ``snapshot.read`` read it)? ``target``: the target interpreter and
+    its own sys.path (``resolve.PLUGIN_SEARCH``, from the resolution child), where the plugin is
+    looked for when given; else this Python's environment (``own_environment``) or the tree's
+    site dir."""
     tree = files.tree
     api = files.exists(release.PLUGIN_API_FILE)
-    installed = plugin_installed_here() if own_environment else plugin_installed_in(tree.package_parent)
+    searched = {}
+    if target is not None:
+        dirs = plugin_search_dirs(tree.package_parent, target["sys_path"])
+        found = plugin_found_on(dirs)
+        installed = found is not None
+        on = f"the sys.path of {target['interpreter']}"
+        where = f"{found} (on {on})" if installed else on
+        searched = {"interpreter": target["interpreter"], "looked_in": [str(d) for d in dirs]}
+    elif own_environment:
+        installed, where = plugin_installed_here(), "this Python's environment"
+    else:
+        installed, where = plugin_installed_in(tree.package_parent), str(tree.package_parent)
     bypass = [
         name
         for relative, name in release.PLUGINLESS_LAUNCHERS.items()
@@ -110,7 +150,8 @@ def plugin_report(files, own_environment: bool) -> dict:
             f"{name}: builds its schedulers without load_plugins(); use `sglang-dsa-fix apply`"
             for name in bypass
         ],
-        "where": "this Python's environment" if own_environment else str(tree.package_parent),
+        "where": where,
+        **searched,
         "sglang_has_plugin_api": api,
         "live": installed and api,
         "kill_switch": kill_switch_note(),
@@ -124,8 +165,9 @@ def collect(root: Optional[str], request: Optional[resolve.Request] = None) -> d
     """The whole report for a tree, and for a configuration when ``request`` names one.
     ToolError when the tree cannot be judged or sglang rejects the arguments."""
     files = classify.read_tree(trees.find_tree(root))
-    plugin_info = plugin_report(files.files, own_environment=root is None)
     resolved = None if request is None else resolve.configuration(files.tree, files.form, request)
+    target = None if resolved is None else resolved.pop(resolve.PLUGIN_SEARCH, None)
+    plugin_info = plugin_report(files.files, own_environment=root is None, target=target)
     report = {
         "sglang_version": files.tree.version,
         "sglang_path": str(files.tree.package),
