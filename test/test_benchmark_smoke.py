@@ -138,6 +138,11 @@ def job_long_gen_worker(tmp):
     return SimpleNamespace(done=done, result=result, model=tmp / "model")
 
 
+def job_status_cost(tmp):
+    out = tmp / "status_cost.jsonl"
+    return SimpleNamespace(done=run(tmp, *script("status_cost", "--smoke", "--output-file", out)), out=out)
+
+
 def job_bench_common(tmp):
     return SimpleNamespace(done=run(tmp, *script("bench_common")))
 
@@ -149,6 +154,7 @@ JOBS = {
     "row_overflow_e2e": job_row_overflow_e2e,
     "long_gen": job_long_gen,
     "long_gen_worker": job_long_gen_worker,
+    "status_cost": job_status_cost,
     "bench_common": job_bench_common,
 }
 # Which smoke job exercises each script under benchmark/.
@@ -160,6 +166,7 @@ SCRIPT_JOB = {
     "dsa_eagle_long_gen": "long_gen",
     "long_gen_report": "long_gen",
     "long_gen_worker": "long_gen_worker",
+    "status_cost": "status_cost",
     "bench_common": "bench_common",
 }
 
@@ -350,6 +357,21 @@ def test_long_gen_worker_answers_the_parents_phases(smoke):
     assert result["boundary_prompt_len"] + result["boundary_max_new"] == 512 - 2  # the clamp
     config = json.loads((out.model / "config.json").read_text())
     assert config["max_position_embeddings"] >= 512
+
+
+@uses("status_cost")
+def test_status_cost_times_status_against_sglangs_own_import(smoke):
+    out = smoke["status_cost"].result()
+    ok(out.done)
+    assert "SMOKE RUN" in out.done.stdout
+    (row,) = jsonl(out.out)
+    check_provenance(row)
+    assert row["benchmark"] == "status_cost" and row["smoke"] is True and row["reps"] == 1
+    assert row["import_command"][1:] == ["-c", "import sglang.srt.server_args"]
+    assert row["status_command"][:3] == ["-m", "sglang_dsa_fix", "status"]
+    assert len(row["import_s"]) == len(row["status_s"]) == 1 and min(row["import_s"] + row["status_s"]) > 0
+    assert row["ratio_of_medians"] == row["status_median_s"] / row["import_median_s"]
+    assert row["goal"] == 2.5 and row["status_basis"] == "sglang" and row["exit_code"] in (0, 1)
 
 
 @uses("bench_common")
