@@ -523,7 +523,7 @@ class TestConsoleScript(unittest.TestCase):
         proc = subprocess.run(
             [sys.executable, "-m", "sglang_dsa_fix", "check"], capture_output=True, text=True
         )
-        from sglang_dsa_fix.status import plugin_installed_here
+        from sglang_dsa_fix.tree import plugin_installed_here
 
         states = classify.check(INSTALLED)
         affected = any(s.verdict.name == "AFFECTED" for s in states)

@@ -18,7 +18,8 @@ from types import SimpleNamespace
 
 from helpers import INSTALLED_FILES, PAGE_TABLE_SITE, ROW_SITE
 
-from sglang_dsa_fix import fa3_width, plugin, status, width
+from sglang_dsa_fix import fa3_width, plugin, width
+from sglang_dsa_fix import tree as trees
 
 POOL_WIDTH = 512 + 4 + 5  # Case(512, D=5): the pristine pool
 FULL = os.environ.get("SGLANG_DSA_FIX_FULL") == "1"
@@ -128,8 +129,8 @@ def run_in_spawned_process(**env):
     return out
 
 
-@unittest.skipUnless(status.plugin_installed_here(), "sglang-dsa-fix is not installed (pip install -e .)")
-@unittest.skipUnless(status.plugin_report(INSTALLED_FILES, True)["sglang_has_plugin_api"], "no plugin API")
+@unittest.skipUnless(trees.plugin_installed_here(), "sglang-dsa-fix is not installed (pip install -e .)")
+@unittest.skipUnless(trees.plugin_report(INSTALLED_FILES, True)["sglang_has_plugin_api"], "no plugin API")
 class TestPluginInSpawnedProcess(unittest.TestCase):
     def test_plugin_fixes_both_bugs_and_reports_it(self):
         out = run_in_spawned_process()
@@ -223,7 +224,7 @@ class TestPluginNeverRaises(unittest.TestCase):
         self.assertEqual(plugin.STATE["bugs"]["page_table"]["state"], "affected")
 
 
-@unittest.skipUnless(status.plugin_report(INSTALLED_FILES, True)["sglang_has_plugin_api"], "no plugin API")
+@unittest.skipUnless(trees.plugin_report(INSTALLED_FILES, True)["sglang_has_plugin_api"], "no plugin API")
 class TestHookStates(unittest.TestCase):
     """A hook sglang failed to apply reads "failed"; one applied but never run "not reached";
     register() is idempotent (sglang calls it once per entry point name, and there are two)."""

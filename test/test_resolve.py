@@ -17,7 +17,7 @@ from unittest import mock
 
 from helpers import INSTALLED, run_cli
 
-from sglang_dsa_fix import status
+from sglang_dsa_fix import tree as trees
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -102,7 +102,7 @@ class TestResolvedBySglang(unittest.TestCase):
         # The plugin is looked for on the target interpreter's sys.path (issue 27 f), here this
         # Python's, which has the test run's own install: judged as a server without it
         # (test_plugin_lookup.py covers the lookup).
-        with mock.patch.object(status, "plugin_found_on", return_value=None):
+        with mock.patch.object(trees, "plugin_found_on", return_value=None):
             rc, out, err = run_cli(
                 "status", "--json", "--sglang-root", str(self.site), *extra, "--", *launch_args
             )

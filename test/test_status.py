@@ -9,7 +9,7 @@ from unittest import mock
 
 from helpers import INSTALLED, PatchToolTestCase, run_cli
 
-from sglang_dsa_fix import bugs, classify, plugin, release, status, tree
+from sglang_dsa_fix import bugs, classify, plugin, release, tree
 
 SHAPE = ["--context-length", "512", "--speculative-num-draft-tokens", "5", "--page-size", "64"]
 ENTRY_POINTS = "[sglang.srt.plugins]\nsglang_dsa_fix = sglang_dsa_fix.plugin:register\n"
@@ -127,7 +127,7 @@ class TestStatusStatic(StatusTestCase):
 
     def test_plugin_read_from_the_target_environment(self):
         # The caller's Python has the plugin (editable install); the target's site dir does not.
-        with mock.patch.object(status, "plugin_installed_here", return_value=True):
+        with mock.patch.object(tree, "plugin_installed_here", return_value=True):
             report = self.report("status", *SHAPE, expect_rc=1)
         self.assertFalse(report["plugin"]["installed"])
         self.install_plugin()
@@ -212,7 +212,7 @@ class TestStatusStatic(StatusTestCase):
                 self.assertEqual(rc, 2)
                 self.assertIn(message, err)
 
-    @unittest.skipUnless(status.plugin_installed_here(), "sglang-dsa-fix is not installed (pip install -e .)")
+    @unittest.skipUnless(tree.plugin_installed_here(), "sglang-dsa-fix is not installed (pip install -e .)")
     def test_own_environment_uses_its_metadata(self):
         rc, out, _ = run_cli("status", "--json")
         report = json.loads(out)
@@ -329,7 +329,7 @@ class TestAlgorithms(StatusTestCase):
             "configuration": config,
             "widths": {"row_extra": 20, "decode_reserve": 32, "alloc_page_size": 1},
         }
-        entries, code = bugs.judge(files, status.plugin_report(files.files, False), resolved)
+        entries, code = bugs.judge(files, tree.plugin_report(files.files, False), resolved)
         return self.bug({"bugs": entries}, "req_to_token_row"), code
 
     def test_dflash_family_is_judged_by_its_own_prepare(self):

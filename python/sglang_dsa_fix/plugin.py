@@ -36,16 +36,20 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sglang_dsa_fix import __version__, fa3_width, release, watch, width
+from sglang_dsa_fix.switch import (  # noqa: F401 (the plugin's names, as sglang and tests know them)
+    ENABLE_VALUES,
+    ENTRY_POINT_NAMES,
+    KILL_SWITCH,
+    KILL_VALUES,
+    enabled,
+    kill_switch_text,
+    kill_switch_value,
+    known_switch_value,
+)
 from sglang_dsa_fix.verdicts import Bug, Hook, State, Verdict
 
 logger = logging.getLogger("sglang_dsa_fix")
 
-# The package's own name first; the old name stays for existing SGLANG_PLUGINS allow-lists.
-# sglang calls register() once per entry point name: it is idempotent.
-ENTRY_POINT_NAMES = ("sglang_dsa_fix", "dsa_page_table_width")
-KILL_SWITCH = "SGLANG_DSA_FIX"
-KILL_VALUES = ("0", "false", "no", "off")
-ENABLE_VALUES = ("1", "true", "yes", "on", "")
 INTERNAL_STATE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 STATE_KEY = "sglang_dsa_fix"
 
@@ -56,29 +60,6 @@ STATE = {"version": __version__, "pid": None, "kill_switch": None, "bugs": {}}
 WATCH_HOOKS = []
 WATCH_ON_LINE = "family watch on"
 _said = set()  # one-time log lines already emitted in this process
-
-
-def kill_switch_value() -> str:
-    return os.environ.get(KILL_SWITCH, "")
-
-
-def enabled(value: str | None = None) -> bool:
-    value = kill_switch_value() if value is None else value
-    return value.strip().lower() not in KILL_VALUES
-
-
-def known_switch_value(value: str) -> bool:
-    return value.strip().lower() in KILL_VALUES + ENABLE_VALUES
-
-
-def kill_switch_text(value: str) -> str:
-    """How a kill-switch value is taken, as the state and ``status`` say it."""
-    if known_switch_value(value):
-        return f"{KILL_SWITCH}={value!r}: {'enabled' if enabled(value) else 'disabled'}"
-    return (
-        f"{KILL_SWITCH}={value!r}: enabled (not a known value: 0 / false / no / off disable, "
-        "1 / true / yes / on or unset enable)"
-    )
 
 
 def _once(key: str, level: int, message: str, *args) -> None:

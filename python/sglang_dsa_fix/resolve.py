@@ -1,5 +1,7 @@
-"""Resolve a deployment's launch_server arguments with sglang's OWN argument processing, and size
-its ``req_to_token`` row with sglang's OWN functions, in a child process.
+"""A deployment's configuration and widths, from sglang's OWN code, run in a child process.
+
+Its launch_server arguments go through sglang's own argument processing, its ``req_to_token``
+row through sglang's own sizing functions.
 
 ``status -- <launch_server args>`` calls ``resolve``: it starts the target environment's Python
 (``--python``; default the venv holding the tree, else this one) with the tree first on
@@ -9,7 +11,7 @@ then ``resolve_once``) under a GPU profile, reads the resolved fields and calls
 imports neither torch nor sglang. Where the child cannot import sglang, ``resolve`` falls back to
 the static rule on the flags it can read (``"basis": "static"``, with the reason). Either way
 the child reports its own ``sys.path`` (before the tree and this package were put first): where
-the server's interpreter would find the plugin (``status.plugin_report``), under
+the server's interpreter would find the plugin (``tree.plugin_report``), under
 ``PLUGIN_SEARCH`` in what ``resolve`` returns.
 
 sglang's argument processing asks the device (0.5.14 server_args.py:2521
