@@ -168,8 +168,12 @@ def global_server_args(server_args):
     # Only the flags this release's ServerArgs has (a plain class from 0.5.20, not a dataclass);
     # methods such as enable_mamba_extra_buffer stay the real ones.
     probe = holder.ServerArgs(model_path="dummy")
+    # max_speculative_num_draft_tokens is sglang's own derivation from the draft-token count
+    # (0.5.18's override refuses it as an argument).
     flags = {
-        k: v for k, v in vars(server_args).items() if hasattr(probe, k) and not callable(getattr(probe, k))
+        k: v
+        for k, v in vars(server_args).items()
+        if hasattr(probe, k) and not callable(getattr(probe, k)) and k != "max_speculative_num_draft_tokens"
     }
     with context.override_server_args(**flags) as real, dcp_group_widths(flags.get("dcp_size") or 1):
         yield real
