@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sglang_dsa_fix.width import graph_table_pages, longest_verify_pages, pages_read  # noqa: F401
+from sglang_dsa_fix.width import pages_read  # noqa: F401 (the FA3 tests' name for it)
 
-# (the reach arithmetic at a configuration is in ``width``; its names stay importable here)
+# (the reach arithmetic at a configuration is in ``width``)
 
 # The in-tree change writes these expressions (fa3_sites); enforce evaluates the same rule.
 WIDTH_EXPR = "-(-self.req_to_token.shape[1] // self.page_size)"
