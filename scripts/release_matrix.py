@@ -82,6 +82,9 @@ class Release:
     page_table: str  # expected check verdict, bug #1
     row: str  # expected check verdict, bug #2
     fa3: str = AFFECTED  # expected check verdict, bug #3 (FA3's graph tables: every release so far)
+    # Bug #3's relatives (TRT-LLM MHA / MLA, FlashMLA: every release so far; MiniMax NVFP4 from 0.5.23).
+    relatives: str = AFFECTED
+    minimax: str = NOT_APPLICABLE
     cpu_tier: str | None = None  # None: run bug #1's tier; else why not
     row_tier: str | None = None  # None: run bug #2's tier; else why not
     fa3_tier: str | None = FA3_NOT_RUN  # None: run bug #3's tier (FA3 on the real backend); else why not
@@ -125,6 +128,7 @@ RELEASES = [
             plugin=True,
             resolves=every_tier,
             dcp_resolves=every_tier or version == "0.5.19",
+            minimax=AFFECTED if version == "0.5.23" else NOT_APPLICABLE,
         )
         for version in ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
         for every_tier in [version in ("0.5.17", "0.5.23")]
@@ -136,6 +140,14 @@ BASE_VERSION = "0.5.14"
 def expected_verdicts(case: Release) -> tuple:
     """(bug, expected check verdict), in the tool's bug order."""
     expected = {Bug.PAGE_TABLE: case.page_table, Bug.ROW_OVERFLOW: case.row, Bug.FA3_PAGE_TABLE: case.fa3}
+    expected.update(
+        {
+            Bug.TRTLLM_MHA_PAGE_TABLE: case.relatives,
+            Bug.TRTLLM_MLA_KV_INDICES: case.relatives,
+            Bug.FLASHMLA_KV_INDICES: case.relatives,
+            Bug.MINIMAX_NVFP4_PAGE_TABLE: case.minimax,
+        }
+    )
     return tuple((bug, expected[bug]) for bug in Bug)
 
 

@@ -63,6 +63,12 @@ class PatchToolTestCase(unittest.TestCase):
         self.original = self.backend.read_bytes()
         self.original_sizing = self.sizing.read_bytes()
         self.original_fa3 = self.fa3.read_bytes()
+        # Bug #3's relatives present in this release: path -> original bytes.
+        self.relatives = {
+            path: path.read_bytes()
+            for path in (self.package / layout.relative_path for layout in release.GRAPH_TABLE_LAYOUTS)
+            if path.exists()
+        }
 
     def _cleanup(self):
         for path in [self.tmp, *self.tmp.rglob("*")]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from helpers import INSTALLED, PAGE_TABLE_SITE, PatchToolTestCase, run_cli, tree_state
 
-from sglang_dsa_fix import classify, cli, snapshot, source_patch
+from sglang_dsa_fix import classify, cli, release, snapshot, source_patch
 from sglang_dsa_fix.errors import ToolError
 
 
@@ -46,7 +46,7 @@ class TestLifecycle(PatchToolTestCase):
 
         rc, out, _ = self.cli("check")
         self.assertEqual(rc, 0, out)
-        self.assertEqual(out.count(": fixed in-tree by sglang-dsa-fix"), 3, out)
+        self.assertEqual(out.count(": fixed in-tree by sglang-dsa-fix"), 3 + len(self.relatives), out)
 
         before = tree_state(self.tmp)
         rc, out, _ = self.cli("apply")
@@ -84,8 +84,11 @@ class TestLifecycle(PatchToolTestCase):
         rc, out, _ = self.cli("apply", "--json")
         data = json.loads(out)
         self.assertEqual((rc, data["action"]), (0, "apply"))
-        self.assertEqual(sorted(data["changed"]), sorted(map(str, [self.backend, self.sizing, self.fa3])))
-        self.assertEqual({b["tree_state"] for b in data["bugs"]}, {"fixed_in_tree"})
+        changed = [self.backend, self.sizing, self.fa3, *self.relatives]
+        self.assertEqual(sorted(data["changed"]), sorted(map(str, changed)))
+        self.assertEqual(
+            {b["tree_state"] for b in data["bugs"] if b["tree_state"] != "not_applicable"}, {"fixed_in_tree"}
+        )
         rc, out, _ = self.cli("check", "--json")
         self.assertEqual((rc, json.loads(out)["exit_code"]), (0, 0))
 
@@ -302,7 +305,9 @@ class TestBadInput(PatchToolTestCase):
         with self.assertRaises(ToolError):
             classify.check(copy)
         states = classify.check(copy, wait=False, use_backups=False)  # what plugin.decide reads
-        self.assertEqual([s.verdict.value for s in states], ["affected", "affected", "affected"])
+        self.assertEqual(
+            {s.verdict.value for s in states if s.verdict.value != "not_applicable"}, {"affected"}
+        )
 
     def test_revert_killed_before_removing_its_backups(self):
         self.cli("apply")
@@ -310,10 +315,12 @@ class TestBadInput(PatchToolTestCase):
         self.backend.write_bytes(self.original)
         self.sizing.write_bytes(self.original_sizing)
         self.fa3.write_bytes(self.original_fa3)
+        for path, original in self.relatives.items():
+            path.write_bytes(original)
         rc, out, err = self.cli("revert")
         self.assertEqual(rc, 0, err)
         self.assertIn("nothing to revert", out)
-        self.assertEqual(out.count(".sglang-dsa-fix.orig"), 3, out)  # removed: every backup
+        self.assertEqual(out.count(".sglang-dsa-fix.orig"), 3 + len(self.relatives), out)  # every backup
         self.assertEqual(list(self.package.rglob("*.sglang-dsa-fix.orig")), [])
         self.assertEqual(
             (self.backend.read_bytes(), self.sizing.read_bytes()), (self.original, self.original_sizing)
@@ -447,11 +454,12 @@ class TestOtherReleases(PatchToolTestCase):
             self.sizing,
             self.package / "srt/speculative/eagle_info_v2.py",
             self.fa3,
+            *self.relatives,
         ]:
             path.unlink(missing_ok=True)
         rc, out, _ = self.cli("check")
         self.assertEqual(rc, 0, out)
-        self.assertEqual(out.count(": not applicable"), 3, out)
+        self.assertEqual(out.count(": not applicable"), len(release.GRAPH_TABLE_LAYOUTS) + 3, out)
         before = tree_state(self.tmp)
         self.assertEqual(self.cli("apply")[0], 0)
         rc, out, err = self.cli("diff")
@@ -482,7 +490,8 @@ class TestOtherReleases(PatchToolTestCase):
         for command in ("check", "revert", "apply"):
             with self.subTest(command=command):
                 self.assertRefused(
-                    command, "sglang is not installed here any more; only 3 sglang-dsa-fix backup(s)"
+                    command,
+                    f"sglang is not installed here any more; only {3 + len(self.relatives)} sglang-dsa-fix backup(s)",
                 )
 
     def test_inline_row_sizing_is_not_covered(self):

@@ -7,13 +7,18 @@ entry-point metadata and applies the hooks through sglang's HookRegistry), then:
   runner imported (model_runner_kv_cache_mixin), as ``_init_pools`` does;
 - bug #3: builds the real ``FlashAttentionBackend`` (over the sgl_kernel stand-in of
   graph_backends.import_fa3 where sgl_kernel is absent) and runs its ``init_cuda_graph_state``;
+- bug #3's relatives: drives the real ``TRTLLMMLABackend`` at a verify past its 4096-token
+  padded table (test/srt/test_graph_tables_other_backends.run_trtllm_mla, the pristine driver):
+  with the plugin's AROUND hooks every read stays in the request's own row;
 - /server_info: calls the hooked ``Scheduler.get_internal_state``.
 """
 
 import logging
 import multiprocessing
 import os
+import sys
 import unittest
+from pathlib import Path
 from types import SimpleNamespace
 
 from helpers import INSTALLED_FILES, PAGE_TABLE_SITE, ROW_SITE
@@ -66,6 +71,13 @@ def _child(env, queue):
         result = session.replay("TARGET_VERIFY", 2, 514)
         fa3 = g.fa3_release_backend(g.req_to_token_pool(512, 8, 1, 4), 512, 4, 1)
         fa3.init_cuda_graph_state(4, 16)  # bug #3: its graph tables, as the graph runner sizes them
+        sys.path.insert(0, str(Path(__file__).parent / "srt"))
+        import test_graph_tables_other_backends as other
+
+        mla = None
+        if other.TRTLLM_MLA is not None and other.FLASHINFER_MLA is not None:
+            measured = other.run_trtllm_mla("TARGET_VERIFY", 4096, 8, 64)
+            mla = [(row.right, row.neighbour, row.past, row.pages) for row in measured.rows]
         sizing = getattr(runner, "get_req_to_token_extra_context_len", None)  # 0.5.13+
         row_extra = sizing and sizing(SimpleNamespace(**ROW_ARGS))
         try:
@@ -87,6 +99,7 @@ def _child(env, queue):
                 error=result.error,
                 mismatched=result.mismatched_rows,
                 fa3_short=fa3_width.short_tables(fa3),
+                mla=mla,
                 row_extra=row_extra,
                 internal=internal,
                 broken_error=broken_error,
@@ -140,6 +153,10 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
         self.assertEqual(out["fa3_short"], [])
         fa3 = out["state"]["bugs"]["fa3_page_table"]
         self.assertEqual((fa3["state"], fa3["hook"]), ("protected_by_plugin", "applied"), fa3)
+        if out["mla"] is not None:  # bug #3's relative: every read in the request's own row
+            self.assertEqual([r[:3] for r in out["mla"]], [(r[3], 0, 0) for r in out["mla"]])
+            mla = out["state"]["bugs"]["trtllm_mla_kv_indices"]
+            self.assertEqual((mla["state"], mla["hook"]), ("protected_by_plugin", "applied"), mla)
         infos = [m for level, m in out["records"] if level == "INFO"]
         self.assertIn(
             f"sglang-dsa-fix: CUDA-graph page_table widened from {PRISTINE_WIDTH} to "
@@ -182,6 +199,8 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
                 self.assertIn("must match the size of tensor b", out["error"])
                 self.assertEqual(out["row_extra"], ROW_PRISTINE)
                 self.assertTrue(out["fa3_short"])  # sglang's own ceil(512 / 1) = 512 < 520
+                if out["mla"] is not None:  # the last row reads one page past its table
+                    self.assertEqual(out["mla"][-1][2], 1, out["mla"])
                 off = out["state"]["bugs"]["page_table"]
                 self.assertEqual((off["state"], off["hook"]), ("affected", "disabled"))
                 self.assertIn(repr(value), out["state"]["kill_switch"])

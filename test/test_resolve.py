@@ -215,6 +215,12 @@ class TestResolvedBySglang(unittest.TestCase):
         self.assertEqual(page_table["at_configuration"]["graph_page_table_width"], 522)
         self.assertEqual((page_table["state"], rc), ("not_reachable", 0))
 
+    def llama_eagle(self, backend: str, page: int, extra=()):
+        """status of tiny Llama with itself as EAGLE draft (3 / 1 / 4, context 512) on ``backend``."""
+        model = str(self.model)
+        args = ("--attention-backend", backend, "--page-size", str(page), *eagle(3, 4))
+        return self.status("--model-path", model, "--speculative-draft-model-path", model, *args, extra=extra)
+
     def test_fa3_deployment_judges_bug_3(self):
         # Llama on FA3 (sglang resolves it from --attention-backend fa3), EAGLE 3 / 1 / 4, context
         # 512: the longest verify (512) reads 516 keys; the graph tables hold ceil(512 / page)
@@ -222,17 +228,7 @@ class TestResolvedBySglang(unittest.TestCase):
         # tables (req_to_token's row, 520 wide here) hold both. Not installed in this site dir.
         for page, table, read in ((1, 512, 516), (16, 32, 33)):
             with self.subTest(page=page):
-                rc, report, _ = self.status(
-                    "--model-path",
-                    str(self.model),
-                    "--speculative-draft-model-path",
-                    str(self.model),
-                    "--attention-backend",
-                    "fa3",
-                    "--page-size",
-                    str(page),
-                    *eagle(3, 4),
-                )
+                rc, report, _ = self.llama_eagle("fa3", page)
                 self.assertEqual(report["configuration"]["attention_backend"], "fa3")
                 fa3 = self.bug(report, "fa3_page_table")
                 at = fa3["at_configuration"]
@@ -242,6 +238,20 @@ class TestResolvedBySglang(unittest.TestCase):
                 self.assertEqual((at["pages_past_table"], at["pages_past_table_with_fix"]), (read - table, 0))
                 self.assertEqual((fa3["state"], rc), ("affected", 1))
                 self.assertEqual(self.bug(report, "page_table")["state"], "not_reachable")  # no DSA
+
+    def test_trtllm_mha_deployment_judges_its_relative(self):
+        # Bug #3's relative on TRT-LLM MHA (sglang accepts it for prefill only on SM100: the b200
+        # profile), EAGLE 3 / 1 / 4, page 16, context 512: ceil(512 / 16) = 32 pages, the longest
+        # verify reads ceil((512 + 4) / 16) = 33 -> 1 past; the fixed table (req_to_token's row, 520
+        # wide) holds 33. FA3 and the MLA backends are not reached there.
+        rc, report, _ = self.llama_eagle("trtllm_mha", 16, extra=("--gpu", "b200"))
+        mha = self.bug(report, "trtllm_mha_page_table")
+        at = mha["at_configuration"]
+        self.assertEqual((at["graph_page_table_pages"], at["longest_verify_pages_read"]), (32, 33))
+        self.assertEqual((at["pages_past_table"], at["pages_past_table_with_fix"]), (1, 0))
+        self.assertEqual((mha["state"], rc), ("affected", 1))
+        for name in ("fa3_page_table", "trtllm_mla_kv_indices", "flashmla_kv_indices"):
+            self.assertEqual(self.bug(report, name)["state"], "not_reachable", name)
 
     @unittest.skipUnless(
         os.environ.get("SGLANG_DSA_FIX_FULL") == "1", "make test-full (keeps the fast tier < 4 min)"

@@ -64,9 +64,11 @@ class TestPluginDoesNotWait(PatchToolTestCase):
             plans = plugin.decide()
             self.assertLess(time.monotonic() - start, 1.0)
         self.assertEqual([(p.bug, p.state, p.target) for p in plans], unlocked)
-        self.assertEqual([p.hook.value for p in plans], ["installed"] * 3)  # affected: hooked
-        verdicts = [s.verdict for s in classify.check(copy, wait=False)]
-        self.assertEqual(verdicts, [Verdict.AFFECTED] * 3)
+        # Affected: hooked; 0.5.14 has no MiniMax sparse NVFP4 backend (not applicable: nothing).
+        present = [bug for bug in Bug if bug is not Bug.MINIMAX_NVFP4_PAGE_TABLE]
+        self.assertEqual([p.bug for p in plans if p.hook.value == "installed"], present)
+        verdicts = {s.bug: s.verdict for s in classify.check(copy, wait=False)}
+        self.assertEqual([bug for bug, v in verdicts.items() if v is Verdict.AFFECTED], present)
         # A run that must write still waits for the lock (here: briefly, then one line).
         with mock.patch.object(snapshot, "LOCK_TIMEOUT_S", 0.2):
             self.assertRefused("apply", "another sglang-dsa-fix run holds the lock")
@@ -149,7 +151,7 @@ class TestPlantedFiles(PatchToolTestCase):
 
     def test_bug_order(self):
         # what the tests above assume
-        self.assertEqual(list(Bug), [Bug.PAGE_TABLE, Bug.ROW_OVERFLOW, Bug.FA3_PAGE_TABLE])
+        self.assertEqual(list(Bug)[:3], [Bug.PAGE_TABLE, Bug.ROW_OVERFLOW, Bug.FA3_PAGE_TABLE])
 
 
 def _chattr(flag: str, path) -> bool:

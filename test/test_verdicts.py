@@ -5,7 +5,7 @@ import re
 import unittest
 from pathlib import Path
 
-from sglang_dsa_fix import plugin, server_status
+from sglang_dsa_fix import plugin, release, server_status
 from sglang_dsa_fix.verdicts import Bug, Hook, State, Verdict, combined_exit, judge
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -75,7 +75,11 @@ class TestJudge(unittest.TestCase):
         self.assertEqual(server_status.state_exit("not reached (x never ran)"), 0)
         self.assertEqual(server_status.state_exit("failed (sglang's HookRegistry did not apply)"), 1)
         self.assertEqual(server_status.state_exit("cannot tell"), 2)
-        self.assertEqual({b.value for b in Bug}, {"page_table", "req_to_token_row", "fa3_page_table"})
+        self.assertEqual(
+            {b.value for b in Bug},
+            {"page_table", "req_to_token_row", "fa3_page_table"}
+            | {layout.key for layout in release.GRAPH_TABLE_LAYOUTS},
+        )
 
 
 class TestPackageMetadata(unittest.TestCase):

@@ -13,7 +13,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Optional
 
-from sglang_dsa_fix import sites, snapshot
+from sglang_dsa_fix import graph_tables, sites, snapshot
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.release import Form
 from sglang_dsa_fix.sites import Site
@@ -88,6 +88,7 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
             Bug.PAGE_TABLE: "no DSA/NSA backend",
             Bug.ROW_OVERFLOW: "no spec-v2 decode reservation",
             Bug.FA3_PAGE_TABLE: "no FlashAttention (FA3) backend",
+            **{b: f"no {layout.name} backend" for b, layout in graph_tables.LAYOUTS.items()},
         }[bug]
         return BugState(bug, Verdict.NOT_APPLICABLE, detail=what)
     view = next(view for view in files.views.values() if view.path == site.path)
@@ -120,6 +121,10 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
             Bug.PAGE_TABLE: "sizes the graph page_table as wide as req_to_token",
             Bug.ROW_OVERFLOW: "reserves the decode reservation at every page size",
             Bug.FA3_PAGE_TABLE: "sizes the FA3 graph page tables from req_to_token",
+            **{
+                b: f"sizes the {layout.name} graph table from req_to_token"
+                for b, layout in graph_tables.LAYOUTS.items()
+            },
         }[bug]
         return BugState(bug, Verdict.FIXED_UPSTREAM, site, detail=held)
     if site.unknown:
@@ -133,7 +138,7 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
         )
     detail = ""
     if site.affected_when:
-        what = "these graph page tables are" if bug is Bug.FA3_PAGE_TABLE else "this row sizing is"
+        what = "this row sizing is" if bug is Bug.ROW_OVERFLOW else "these graph page tables are"
         detail = f"{what} affected {site.affected_when}"
     return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
 

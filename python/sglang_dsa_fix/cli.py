@@ -171,14 +171,15 @@ def _at_configuration_lines(bug: dict) -> list:
         return [f"  at this configuration: not reachable ({at['why_not']})"]
     if at.get("cannot_tell"):
         return [f"  at this configuration: cannot tell ({at['cannot_tell']})"]
-    if bug["bug"] == Bug.FA3_PAGE_TABLE.value:
+    if "graph_page_table_pages" in at:  # bug #3 and its relatives
         verdict = (
             f"reads {at['pages_past_table']} page(s) past its table row"
             if at["reachable"]
             else "reads inside its table row"
         )
+        name = "FA3 graph page tables" if bug["bug"] == Bug.FA3_PAGE_TABLE.value else "graph table"
         return [
-            f"  {where}: FA3 graph page tables {at['graph_page_table_pages']} pages "
+            f"  {where}: {name} {at['graph_page_table_pages']} pages "
             f"({at['graph_page_table_from']}); the longest target_verify reads "
             f"{at['longest_verify_pages_read']} -> {verdict} (with the fix: "
             f"{at['graph_page_table_pages_with_fix']} pages)"

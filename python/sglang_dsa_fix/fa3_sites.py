@@ -30,13 +30,12 @@ touched: the rule here is topk 1's. No torch, no sglang imported.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from sglang_dsa_fix import fa3_width, release
 from sglang_dsa_fix.errors import ToolError
-from sglang_dsa_fix.pysource import byte_offset, lines_above, parse
+from sglang_dsa_fix.pysource import Edit, EditSite, byte_offset, lines_above, parse
 from sglang_dsa_fix.verdicts import Bug
 
 RELATIVE_PATH = release.FA3_LAYOUT.relative_path
@@ -49,54 +48,10 @@ COMMENT = (
 )
 
 
-@dataclass(frozen=True)
-class Edit:
-    kind: str  # "width" | "strided_stop" | "init_bound" | "comment"
-    start: int
-    end: int  # == start for an insertion
-    lineno: int
-    found: str  # what the file has there ("" for an insertion)
-    replacement: str
-
-    @property
-    def done(self) -> bool:
-        return self.found == self.replacement
-
-
 AFFECTED_WHEN = (
     "where FA3 (--attention-backend fa3 / fa4) runs a speculative verify or draft decode in CUDA "
     "graphs, topk 1: near context_len the kernel reads past the graph page tables"
 )
-
-
-@dataclass(frozen=True)
-class Fa3Site:
-    """Bug #3's site: the same questions ``sites.Site`` answers (what classify, apply, revert
-    and diff ask), for a change of several edits in one file."""
-
-    path: Path
-    data: bytes
-    edits: tuple  # Edit, in file order
-    patched_here: bool  # the file carries exactly this change
-    fixed_upstream: bool = False  # sglang sizes them from req_to_token by itself
-    lineno: int = 0  # the local ``max_num_pages = ...`` of init_cuda_graph_state
-    found: str = ""  # what sglang has there (its right-hand side)
-    bug: Bug = Bug.FA3_PAGE_TABLE
-    hookable: bool = True  # the plugin hooks init_cuda_graph_state (fa3_width.enforce)
-    affected_when: str = AFFECTED_WHEN
-    unknown: str = ""
-    legacy: bool = False
-
-    def of(self, kind: str) -> list:
-        return [e for e in self.edits if e.kind == kind]
-
-    def patched_bytes(self) -> bytes:
-        data = self.data
-        for edit in sorted(self.edits, key=lambda e: e.start, reverse=True):
-            if edit.done:
-                continue
-            data = data[: edit.start] + edit.replacement.encode() + data[edit.end :]
-        return data
 
 
 def _class(module: ast.Module) -> Optional[ast.ClassDef]:
@@ -156,7 +111,7 @@ def _strided_aranges(method: ast.FunctionDef) -> list:
     return calls
 
 
-def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> Fa3Site:
+def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> EditSite:
     """Bug #3's edits in these bytes of flashattention_backend.py. ToolError if unrecognised."""
     module = parse(path, data)
     cls = _class(module)
@@ -244,7 +199,9 @@ def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> Fa3Site:
             if e.kind != "comment"
         )
     )
-    return Fa3Site(
+    return EditSite(
+        bug=Bug.FA3_PAGE_TABLE,
+        affected_when=AFFECTED_WHEN,
         path=path,
         data=data,
         edits=tuple(edits),
@@ -255,7 +212,7 @@ def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> Fa3Site:
     )
 
 
-def fa3_page_table_site(files, data: Optional[bytes] = None) -> Optional[Fa3Site]:
+def fa3_page_table_site(files, data: Optional[bytes] = None) -> Optional[EditSite]:
     """Bug #3's site in a tree (``snapshot.TreeFiles``), or None where sglang has no FA3 backend
     file. ``data``: parse these bytes (a backup) instead. ToolError if unrecognised."""
     if data is None:

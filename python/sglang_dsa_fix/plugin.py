@@ -9,6 +9,9 @@ sglang's own HookRegistry, AFTER hooks for each bug that is affected in this tre
 - bug #2: ``get_req_to_token_extra_context_len`` → widen the req_to_token row;
 - bug #3: ``FlashAttentionBackend.init_cuda_graph_state`` → widen FA3's graph page tables and
   the replay's bounds to req_to_token's row (``fa3_width.enforce``, before any capture);
+- bug #3's relatives (TRT-LLM MHA / MLA, FlashMLA, MiniMax NVFP4): REPLACE hooks, each method
+  the in-tree change edits replaced by that method compiled with the change (``live_edit``:
+  sglang's own code with ``apply``'s one substitution; other plugins' hooks still wrap it);
 - always: ``Scheduler.get_internal_state`` → this plugin's state under ``sglang_dsa_fix`` in
   ``/server_info`` (``internal_states``), so a live server shows what is running;
 - opt-in (``SGLANG_DSA_FIX_WATCH=1``, kill switch or not): the family watch's AROUND hooks
@@ -28,6 +31,7 @@ the state (``kill_switch``) says which value was taken how.
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
 import os
 import pkgutil
@@ -35,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang_dsa_fix import __version__, fa3_width, release, watch, width
+from sglang_dsa_fix import __version__, fa3_width, graph_tables, release, watch, width
 from sglang_dsa_fix.switch import (  # noqa: F401 (the plugin's names, as sglang and tests know them)
     ENABLE_VALUES,
     ENTRY_POINT_NAMES,
@@ -174,6 +178,57 @@ def _row_body_for(module_name: str):
     return body
 
 
+def _resolve(target: str):
+    """``pkgutil.resolve_name`` (what sglang's HookRegistry uses), except that a module which
+    fails to import raises its ImportError (resolve_name reports it as a missing attribute)."""
+    try:
+        return pkgutil.resolve_name(target)
+    except AttributeError:
+        parts = target.split(".")
+        for end in range(len(parts) - 1, 0, -1):
+            name = ".".join(parts[:end])
+            try:
+                importlib.import_module(name)
+                break
+            except ModuleNotFoundError as exc:
+                if exc.name != name:
+                    raise
+        raise
+
+
+def _register_replacements(registry, hook_type, plan: Plan) -> None:
+    """Bug #3's relatives: each method the in-tree change edits, compiled with the change
+    (``live_edit``), registered as a REPLACE hook (sglang's HookRegistry applies REPLACE first,
+    so AROUND / AFTER hooks, the watch's too, wrap it). Everything is compiled before anything
+    is registered: a refusal leaves sglang untouched."""
+    from sglang_dsa_fix import live_edit
+
+    layout = graph_tables.LAYOUTS[plan.bug]
+    module = importlib.import_module(layout.module)
+    cls = getattr(module, layout.class_name)
+    functions = live_edit.patched_methods(plan.replace, cls, module)
+    for name, function in functions.items():
+        registry.register(
+            f"{layout.module}.{layout.class_name}.{name}", _replacing(plan.bug, function), hook_type.REPLACE
+        )
+
+
+def _replacing(bug: Bug, function):
+    """REPLACE hook: the patched method (its errors are sglang's own code's), counted."""
+
+    def replacement(*args, **kwargs):
+        info = _ran(bug)
+        if info.get("detail") != REPLACED:
+            info["detail"] = REPLACED
+            _once(bug.value, logging.INFO, "sglang-dsa-fix: %s: %s", bug.value, REPLACED)
+        return function(*args, **kwargs)
+
+    return replacement
+
+
+REPLACED = "graph table sized from req_to_token's row (the in-tree change, compiled in memory)"
+
+
 def refresh_hook_states() -> None:
     """Turn registered-but-never-called hooks into what they are, once the scheduler serves
     (``get_internal_state`` runs after sglang applied the hooks and built the model runner):
@@ -232,6 +287,7 @@ class Plan:
     detail: str = ""
     target: Optional[str] = None  # None: nothing to hook
     body: Optional[Callable] = None
+    replace: Optional[object] = None  # an EditSite whose edited methods replace sglang's (REPLACE)
 
 
 def decide(sglang=None) -> list:
@@ -259,6 +315,10 @@ def decide(sglang=None) -> list:
             plans.append(Plan(bug, *hooked, target=layout.hook_target, body=_page_table_body))
         elif bug is Bug.FA3_PAGE_TABLE:
             plans.append(Plan(bug, *hooked, target=release.FA3_LAYOUT.hook_target, body=_fa3_body))
+        elif bug in graph_tables.LAYOUTS:
+            layout = graph_tables.LAYOUTS[bug]
+            target = f"{layout.module}.{layout.class_name}.{graph_tables.methods(site)[0]}"
+            plans.append(Plan(bug, *hooked, target=target, replace=site))
         else:
             module = ".".join(site.path.relative_to(sglang.package_parent).with_suffix("").parts)
             target = f"{module}.get_req_to_token_extra_context_len"
@@ -305,8 +365,11 @@ def register() -> None:
             _set(plan.bug, plan.state, plan.hook, plan.detail)
             continue
         try:
-            pkgutil.resolve_name(plan.target)  # sglang resolves it the same way when applying
-            HookRegistry.register(plan.target, _guarded(plan.bug, plan.body), HookType.AFTER)
+            _resolve(plan.target)  # sglang resolves it the same way when applying
+            if plan.replace is not None:
+                _register_replacements(HookRegistry, HookType, plan)
+            else:
+                HookRegistry.register(plan.target, _guarded(plan.bug, plan.body), HookType.AFTER)
         except ImportError as exc:
             # The module does not import in this process (e.g. FA3's without its kernels): sglang
             # imports the same module to run that code, so it never runs here.

@@ -1,4 +1,4 @@
-"""Byte offsets and parsing of sglang's Python source, for the locators (``sites``, ``fa3_sites``).
+"""Byte offsets, parsing and edits of sglang's Python source, for the locators (sites, fa3_sites, graph_tables).
 
 A change is a byte range of the file as read; ``ast`` gives UTF-8 columns, these helpers turn
 them into byte offsets of the file's own encoding. No torch, no sglang.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import tokenize
+from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_dsa_fix.errors import ToolError
@@ -35,3 +36,49 @@ def parse(path: Path, data: bytes) -> ast.Module:
     except (SyntaxError, ValueError) as exc:
         detail = f"{exc.msg}, line {exc.lineno}" if isinstance(exc, SyntaxError) else str(exc)
         raise ToolError(f"{path}: not recognised: does not parse ({detail})") from None
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One byte range of a file and the text that replaces it."""
+
+    kind: str  # fa3_sites: what it changes ("width", "comment", ...); graph_tables: the method
+    start: int
+    end: int  # == start for an insertion
+    lineno: int
+    found: str  # what the file has there ("" for an insertion)
+    replacement: str
+
+    @property
+    def done(self) -> bool:
+        return self.found == self.replacement
+
+
+@dataclass(frozen=True)
+class EditSite:
+    """A change of several edits in one file: the questions ``sites.Site`` answers (what
+    classify, apply, revert and diff ask). Bug #3's sites (``fa3_sites``, ``graph_tables``)."""
+
+    bug: object  # verdicts.Bug
+    path: Path
+    data: bytes
+    edits: tuple  # Edit, in file order
+    patched_here: bool  # the file carries exactly this change
+    affected_when: str = ""
+    fixed_upstream: bool = False  # sglang sizes them from req_to_token by itself
+    lineno: int = 0  # the first edit's line (what check names)
+    found: str = ""  # what sglang has there
+    hookable: bool = True
+    unknown: str = ""  # a form this tool cannot judge: why (verdict "cannot tell")
+    legacy: bool = False
+
+    def of(self, kind: str) -> list:
+        return [e for e in self.edits if e.kind == kind]
+
+    def patched_bytes(self) -> bytes:
+        data = self.data
+        for edit in sorted(self.edits, key=lambda e: e.start, reverse=True):
+            if edit.done:
+                continue
+            data = data[: edit.start] + edit.replacement.encode() + data[edit.end :]
+        return data

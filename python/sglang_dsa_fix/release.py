@@ -124,6 +124,72 @@ FA3_LAYOUT = BackendLayout(
 # The --attention-backend names that build it (0.5.23 layers/attention/attention_registry.py:238-274).
 FA3_BACKENDS = ("fa3", "fa4")
 
+# Bug #3's relatives: backends whose CUDA-graph table a verify near the context limit outgrows
+# the same way (docs/graph-tables-other-backends.md measures each). Each sizes it from
+# ``self.max_context_len`` in one expression form per backend, the same in every release that
+# ships the file (0.5.4 - 0.5.23 read; MiniMax's file from 0.5.23). ``key`` is the bug's token.
+
+
+@dataclass(frozen=True)
+class GraphTableLayout:
+    key: str  # verdicts.Bug value
+    module: str
+    class_name: str
+    name: str  # in words
+    width_exprs: tuple  # sglang's width expression(s), as ast.unparse writes them
+    backends: tuple  # --attention-backend names that build it; () where the model picks it
+    page_size: Optional[int] = None  # the page it forces (None: the deployment's)
+
+    @property
+    def relative_path(self) -> str:
+        return f"{ATTENTION_DIR}/{self.module.rsplit('.', 1)[1]}.py"
+
+
+GRAPH_TABLE_LAYOUTS = (
+    # page_table [max_bs, max_num_pages]: a local in init_cuda_graph_state (0.5.4 :116, 0.5.13
+    # :242), self.max_num_pages in __init__ from 0.5.14 (:144-146; 0.5.23 :351-353).
+    GraphTableLayout(
+        "trtllm_mha_page_table",
+        "sglang.srt.layers.attention.trtllm_mha_backend",
+        "TRTLLMHAAttnBackend",
+        "TRT-LLM MHA",
+        ("(self.max_context_len + self.page_size - 1) // self.page_size",),
+        ("trtllm_mha",),
+    ),
+    # decode_cuda_graph_kv_indices [max_bs, _calc_padded_blocks(C)], sized in init_cuda_graph_state
+    # and sliced at capture (0.5.4 :356, :412; 0.5.14 :283, :364; 0.5.23 :485, :584).
+    GraphTableLayout(
+        "trtllm_mla_kv_indices",
+        "sglang.srt.layers.attention.trtllm_mla_backend",
+        "TRTLLMMLABackend",
+        "TRT-LLM MLA",
+        ("self._calc_padded_blocks(self.max_context_len)",),
+        ("trtllm_mla",),
+    ),
+    # cuda_graph_kv_indices [max_bs, (C + 64) // 64] (0.5.4 :156, 0.5.14 :188, 0.5.23 :282).
+    GraphTableLayout(
+        "flashmla_kv_indices",
+        "sglang.srt.layers.attention.flashmla_backend",
+        "FlashMLABackend",
+        "FlashMLA",
+        ("(self.max_context_len + PAGE_SIZE) // PAGE_SIZE",),
+        ("flashmla",),
+        page_size=64,
+    ),
+    # The MSA decode plan's page_table [bs, ceil(max_seq_len / 128)], max_seq_len =
+    # max_context_len on the graph path (0.5.23 minimax_sparse_nvfp4_backend.py:121-123, :213);
+    # picked by the model (MiniMax sparse, NVFP4: attention_registry.py:375-380), not by a flag.
+    GraphTableLayout(
+        "minimax_nvfp4_page_table",
+        "sglang.srt.layers.attention.minimax_sparse_nvfp4_backend",
+        "MiniMaxSparseNvfp4AttnBackend",
+        "MiniMax sparse NVFP4",
+        ("max_seq_len=self.max_context_len",),
+        (),
+        page_size=128,
+    ),
+)
+
 
 # Launch paths that build a Scheduler without calling load_plugins(): the plugin never runs
 # there (0.5.11 - 0.5.23 ray/scheduler_actor.py:104, 0.5.23 :113). Found by reading the file.
@@ -137,6 +203,7 @@ PLUGIN_API_FILE = "srt/plugins/hook_registry.py"
 FILES_CHANGED = (
     *(layout.relative_path for layout in LAYOUTS),
     FA3_LAYOUT.relative_path,
+    *(layout.relative_path for layout in GRAPH_TABLE_LAYOUTS),
     *ROW_SIZING_FILES,
     INLINE_ROW_FILE,
 )
@@ -145,6 +212,7 @@ FILES_READ = (
     *VERSION_FILES,
     *(layout.relative_path for layout in LAYOUTS),
     FA3_LAYOUT.relative_path,
+    *(layout.relative_path for layout in GRAPH_TABLE_LAYOUTS),
     *ROW_SIZING_FILES,
     SPEC_V2_DECODE_FILE,
     INLINE_ROW_FILE,

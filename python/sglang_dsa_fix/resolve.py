@@ -81,6 +81,8 @@ FIELDS = (
     "attn_dcp_size",
     "dcp_size",
     "device",
+    # Not a ServerArgs field: the backend sglang picks by the model (``_model_attention_backend``).
+    "model_attention_backend",
 )
 # What is read of the child's stdout and stderr, each (``run_child``): sglang's warnings and one
 # result line are a few KiB. Read in CHUNKs, polled every POLL_S; once the child exited, what
@@ -779,6 +781,27 @@ def _context_len(server_args) -> int:
         return int(server_args.get_model_config().context_len)
 
 
+def _model_attention_backend(server_args):
+    """The backend sglang's ``attn_backend_wrapper`` puts in place of the flag's for this model,
+    where it does so for a backend this tool judges (0.5.23 layers/attention/attention_registry.py:
+    375-380: a MiniMax sparse model on the NVFP4 stack), by sglang's own predicates; else None."""
+    try:
+        from sglang.srt.configs.model_config import is_minimax_sparse, uses_minimax_m3_nvfp4_native_stack
+    except ImportError:  # a release without that backend
+        return None
+    try:
+        from sglang.srt.arg_groups.model_override_base import model_config_of  # 0.5.23
+
+        model_config = model_config_of(server_args)
+    except ImportError:
+        model_config = server_args.get_model_config()
+    if is_minimax_sparse(model_config.hf_config) and uses_minimax_m3_nvfp4_native_stack(
+        model_config.quantization
+    ):
+        return "minimax_sparse_nvfp4"
+    return None
+
+
 def _widths(server_args) -> dict:
     """sglang's own row headroom and decode reservation for these server args."""
     import inspect
@@ -891,6 +914,7 @@ def _child_result(argv: list) -> dict:
             server_args = _resolve(launch_args)
             config, sources = _read_fields(server_args, parsed, given, from_config)
             config["context_length"] = _context_len(server_args)
+            config["model_attention_backend"] = _model_attention_backend(server_args)
             widths = _widths(server_args)
     except SystemExit as exc:  # argparse: its message went to stderr
         said = (errors.getvalue().strip().splitlines() or [f"sglang's parser exited ({exc.code})"])[-1]

@@ -1,4 +1,4 @@
-"""Find, in sglang's own source files, where each bug's in-tree fix goes (bug #3's: ``fa3_sites``).
+"""Find, in sglang's own source files, where each bug's in-tree fix goes (bug #3's: ``fa3_sites``, ``graph_tables``).
 
 Nothing of sglang's source is stored here: each file is parsed (``ast``) and the change is
 computed from its bytes. A ``Site`` says where the change goes and what it inserts:
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import fa3_sites, release, width
+from sglang_dsa_fix import fa3_sites, graph_tables, release, width
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.pysource import byte_offset, lines_above, parse
 from sglang_dsa_fix.snapshot import TreeFiles
@@ -441,6 +441,7 @@ LOCATORS = {
     Bug.PAGE_TABLE: page_table_site,
     Bug.ROW_OVERFLOW: row_site,
     Bug.FA3_PAGE_TABLE: fa3_sites.fa3_page_table_site,
+    **{bug: graph_tables.site_for(bug) for bug in graph_tables.LAYOUTS},
 }
 
 

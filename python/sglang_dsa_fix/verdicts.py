@@ -21,6 +21,11 @@ class Bug(enum.Enum):
     PAGE_TABLE = "page_table"  # bug #1: CUDA-graph page_table narrower than req_to_token (crash)
     ROW_OVERFLOW = "req_to_token_row"  # bug #2: spec-v2 row write past the row end (corruption)
     FA3_PAGE_TABLE = "fa3_page_table"  # bug #3: FA3 CUDA-graph page tables a verify outgrows (crash)
+    # bug #3's relatives, the same shape in other backends (release.GRAPH_TABLE_LAYOUTS)
+    TRTLLM_MHA_PAGE_TABLE = "trtllm_mha_page_table"
+    TRTLLM_MLA_KV_INDICES = "trtllm_mla_kv_indices"
+    FLASHMLA_KV_INDICES = "flashmla_kv_indices"
+    MINIMAX_NVFP4_PAGE_TABLE = "minimax_nvfp4_page_table"
 
     @property
     def title(self) -> str:
@@ -28,6 +33,10 @@ class Bug(enum.Enum):
             Bug.PAGE_TABLE: "bug #1 CUDA-graph page_table width (crash)",
             Bug.ROW_OVERFLOW: "bug #2 req_to_token row overflow (silent corruption)",
             Bug.FA3_PAGE_TABLE: "bug #3 FA3 CUDA-graph page tables (crash)",
+            Bug.TRTLLM_MHA_PAGE_TABLE: "bug #3 TRT-LLM MHA CUDA-graph page tables (crash)",
+            Bug.TRTLLM_MLA_KV_INDICES: "bug #3 TRT-LLM MLA CUDA-graph block table (crash)",
+            Bug.FLASHMLA_KV_INDICES: "bug #3 FlashMLA CUDA-graph block table (crash)",
+            Bug.MINIMAX_NVFP4_PAGE_TABLE: "bug #3 MiniMax sparse NVFP4 decode-plan page table (crash)",
         }[self]
 
 

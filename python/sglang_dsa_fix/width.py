@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
-from sglang_dsa_fix import release
+from sglang_dsa_fix import graph_tables, release
 from sglang_dsa_fix.release import Form
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
@@ -403,7 +403,31 @@ def configuration_inputs(resolved: dict) -> dict:
             "static rule: the shape flags describe bug #1's DSA deployment, which runs no FA3 "
             "(give the launch arguments after `--` to judge an FA3 deployment)"
         )
+    inputs["graph_not_reachable"] = {
+        bug: graph_table_not_reachable(layout, resolved, config, backend, verify)
+        for bug, layout in graph_tables.LAYOUTS.items()
+    }
     return inputs
+
+
+def graph_table_not_reachable(layout, resolved: dict, config: dict, backend, verify) -> str:
+    """Why a relative of bug #3 (``release.GRAPH_TABLE_LAYOUTS``) is not reached at this
+    configuration; "" where it is."""
+    if resolved.get("basis") != "sglang":
+        return (
+            f"static rule: the shape flags describe bug #1's DSA deployment, which runs no {layout.name} "
+            "(give the launch arguments after `--` to judge it)"
+        )
+    if not config.get("speculative_algorithm"):
+        return "no speculative decoding"
+    if config.get("disable_cuda_graph"):
+        return "CUDA graphs disabled"
+    if layout.backends:
+        if verify not in layout.backends and backend not in layout.backends:
+            return f"verify / decode attention backend {verify} / {backend}: not {layout.name}"
+    elif config.get("model_attention_backend") != layout.class_name:
+        return f"sglang picks {layout.name} by the model (not this one)"
+    return ""
 
 
 def page_table_at(verdict, found: str, inputs: dict) -> dict:
@@ -474,6 +498,36 @@ def fa3_at(verdict, inputs: dict) -> dict:
     }
 
 
+def graph_table_at(bug, verdict, inputs: dict) -> dict:
+    """A relative of bug #3 at a configuration, as ``fa3_at``: the longest verify's pages against
+    the backend's graph table (``graph_tables.table_pages``: its own expression over
+    context_len, or over req_to_token's row with the fix)."""
+    why = inputs["graph_not_reachable"][bug]
+    if why:
+        return {"reachable": False, "why_not": why}
+    layout = graph_tables.LAYOUTS[bug]
+    if inputs["topk"] > 1:
+        return {"reachable": None, "cannot_tell": f"topk > 1: this tool's rule for {layout.name} is topk 1's"}
+    C, D = inputs["context_len"], inputs["num_draft_tokens"]
+    page = layout.page_size or inputs["page_size"]
+    pool = C + inputs["row_extra"]
+    pool_with_fix = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
+    fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
+    table = graph_tables.table_pages(bug, pool if fixed else C, page)
+    read = longest_verify_pages(C, D, page, inputs["overlap"])
+    with_fix = graph_tables.table_pages(bug, pool_with_fix, page)
+    over = "req_to_token's width" if fixed else "context_len"
+    return {
+        "graph_page_table_pages": table,
+        "graph_page_table_from": f"static rule: {layout.name}'s width expression over {over}",
+        "longest_verify_pages_read": read,
+        "pages_past_table": max(0, read - table),
+        "graph_page_table_pages_with_fix": with_fix,
+        "pages_past_table_with_fix": max(0, read - with_fix),
+        "reachable": read > table,
+    }
+
+
 def row_at(verdict, form: Form, inputs: dict) -> dict:
     """Bug #2 at a configuration, from the row headroom and the decode reservation (sglang's own
     numbers where resolved): how far the last reservation writes past the row end, now and with
@@ -526,6 +580,8 @@ def at_configuration(bug, verdict, found: str, form: Form, resolved: dict) -> di
         return page_table_at(verdict, found, inputs)
     if bug is Bug.FA3_PAGE_TABLE:
         return fa3_at(verdict, inputs)
+    if bug in graph_tables.LAYOUTS:
+        return graph_table_at(bug, verdict, inputs)
     if "row_cannot_tell" in inputs:
         return {"reachable": None, "cannot_tell": inputs["row_cannot_tell"]}
     at = row_at(verdict, form, inputs)

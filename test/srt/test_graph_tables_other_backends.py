@@ -57,8 +57,9 @@ from types import SimpleNamespace
 import graph_backends as g
 import torch
 
-from sglang_dsa_fix import width
+from sglang_dsa_fix import graph_tables, live_edit, width
 from sglang_dsa_fix.proof.replay import installed_form
+from sglang_dsa_fix.verdicts import Bug
 
 MAX_BS = 4
 SHORT = 100  # seq_len of the other requests
@@ -90,6 +91,28 @@ def last_row_batch(C: int, D: int) -> list:
 def pool_for(C: int, D: int, page: int):
     extra = width.pristine_row_extra(FORM, width.SpecShape(C, D, D - 1, 1, page))
     return g.req_to_token_pool(C, extra, page, MAX_BS)
+
+
+@functools.cache
+def plugin_form(module, bug: Bug):
+    """The backend class as the plugin runs it: a subclass whose methods that the in-tree change
+    edits are those methods compiled from the patched file (``live_edit``, from the bytes
+    ``apply`` writes: ``graph_tables.locate`` on the release's own file)."""
+    layout = graph_tables.LAYOUTS[bug]
+    cls = getattr(module, layout.class_name)
+    path = Path(module.__file__)
+    site = graph_tables.locate(bug, path.read_bytes(), path)
+    assert site.edits and not site.patched_here, site
+    return type(cls.__name__, (cls,), live_edit.patched_methods(site, cls, module))
+
+
+def holds_rule(test, m, bug: Bug, pool, page: int) -> None:
+    """The fixed table: as wide as the rule says (sglang's expression over req_to_token's row),
+    every read inside the request's own row and equal to its own page ids, nothing written past."""
+    test.assertEqual(m.width, graph_tables.table_pages(bug, int(pool.req_to_token.shape[1]), page))
+    for row in m.rows:
+        test.assertEqual((row.right, row.neighbour, row.past), (row.pages, 0, 0))
+    test.assertEqual(m.writes_past_end, 0)
 
 
 def importable(name: str) -> tuple:
@@ -251,11 +274,12 @@ def replay(backend, mode: str, seq_lens: list, tokens: int, spec=None):
 TRTLLM_MHA, _MHA_WHY = importable(f"{ATTENTION}.trtllm_mha_backend")
 
 
-def trtllm_mha_step(pool, C: int, D: int, page: int, step: int = 0, row_wide: bool = False):
+def trtllm_mha_step(pool, C: int, D: int, page: int, step: int = 0, row_wide: bool = False, cls=None):
     """TRTLLMHAAttnBackend (0.5.14 trtllm_mha_backend.py:78-160, 0.5.23 :192-440) for an MHA
     model, no SWA, EAGLE topk 1; ``max_num_pages`` is its ``__init__``'s own expression (0.5.14
-    :144-146, 0.5.17 :193-195, 0.5.23 :351-353); ``row_wide``: the project's rule instead."""
-    cls = TRTLLM_MHA.TRTLLMHAAttnBackend
+    :144-146, 0.5.17 :193-195, 0.5.23 :351-353); ``row_wide``: the project's rule instead;
+    ``cls``: the class to build (``plugin_form``'s)."""
+    cls = cls or TRTLLM_MHA.TRTLLMHAAttnBackend
     b = cls.__new__(cls)
     b.max_context_len, b.page_size, b.device = C, page, torch.device("cpu")
     b.req_to_token_pool, b.req_to_token, b.token_to_kv_pool = pool, pool.req_to_token, None
@@ -270,19 +294,20 @@ def trtllm_mha_step(pool, C: int, D: int, page: int, step: int = 0, row_wide: bo
     return b
 
 
-def run_trtllm_mha(mode: str, C: int, D: int, page: int, row_wide: bool = False) -> list:
-    """[Measured] per step backend (one for the verify)."""
+def run_trtllm_mha(mode: str, C: int, D: int, page: int, row_wide: bool = False, fixed: bool = False) -> list:
+    """[Measured] per step backend (one for the verify). ``fixed``: the plugin's form."""
+    step_cls = plugin_form(TRTLLM_MHA, Bug.TRTLLM_MHA_PAGE_TABLE) if fixed else None
     pool = pool_for(C, D, page)
     seq_lens = last_row_batch(C, D)
     if mode == "TARGET_VERIFY":
-        backend = trtllm_mha_step(pool, C, D, page, row_wide=row_wide)
+        backend = trtllm_mha_step(pool, C, D, page, row_wide=row_wide, cls=step_cls)
         steps, key, spec, tokens = [backend], ("target_verify_metadata", "page_table"), None, D
         backend.init_cuda_graph_state(MAX_BS, MAX_BS * D)
     else:  # the draft decode: TRTLLMHAAttnMultiStepDraftBackend, one step backend per step
         cls = TRTLLM_MHA.TRTLLMHAAttnMultiStepDraftBackend
         backend = cls.__new__(cls)
         backend.topk, backend.speculative_num_steps = 1, D - 1
-        steps = [trtllm_mha_step(pool, C, D, page, i, row_wide) for i in range(D - 2)]
+        steps = [trtllm_mha_step(pool, C, D, page, i, row_wide, step_cls) for i in range(D - 2)]
         backend.attn_backends = steps
         key, spec, tokens = ("decode_cuda_graph_metadata", "page_table_draft_decode"), g.draft_input(), 1
         backend.init_cuda_graph_state(MAX_BS, MAX_BS)
@@ -384,6 +409,15 @@ class TestTrtllmMha(unittest.TestCase):
                             self.assertEqual((row.right, row.neighbour, row.past), (row.pages, 0, 0))
                         self.assertEqual(m.writes_past_end, 0)
 
+    def test_fixed_tables_read_the_requests_own_pages(self):
+        # The fix (the plugin's form, compiled from the bytes `apply` writes): the same shapes that
+        # read past above read only their own pages; fails if the fix is removed.
+        for mode in ("TARGET_VERIFY", "DRAFT_DECODE"):
+            for page, D in ((16, 8), (64, 4)):
+                with self.subTest(mode=mode, page=page, D=D):
+                    for m in run_trtllm_mha(mode, self.C, D, page, fixed=True):
+                        holds_rule(self, m, Bug.TRTLLM_MHA_PAGE_TABLE, pool_for(self.C, D, page), page)
+
 
 # ------------------------------------------------------------------------------------ MLA parents
 
@@ -422,12 +456,15 @@ def mla_fields(b, pool, C: int, D: int, page: int, max_bs: int = MAX_BS):
 TRTLLM_MLA, _MLA_WHY = importable(f"{ATTENTION}.trtllm_mla_backend")
 
 
-def run_trtllm_mla(mode: str, C: int, D: int, page: int, row_wide: bool = False) -> Measured:
+def run_trtllm_mla(
+    mode: str, C: int, D: int, page: int, row_wide: bool = False, fixed: bool = False
+) -> Measured:
     """TRTLLMMLABackend (0.5.14 trtllm_mla_backend.py:134-207) over the flashinfer MLA parent; its
     own init_cuda_graph_state (0.5.14 :275-329: block table [max_bs, _calc_padded_blocks(C)]),
     capture and replay. ``row_wide``: ``_calc_padded_blocks`` of the request pool's row instead
-    of C (its two call sites, init_cuda_graph_state and _init_cuda_graph_metadata)."""
-    cls = TRTLLM_MLA.TRTLLMMLABackend
+    of C (its two call sites, init_cuda_graph_state and _init_cuda_graph_metadata); ``fixed``: the
+    plugin's form."""
+    cls = plugin_form(TRTLLM_MLA, Bug.TRTLLM_MLA_KV_INDICES) if fixed else TRTLLM_MLA.TRTLLMMLABackend
     pool = pool_for(C, D, page)
     b = mla_fields(cls.__new__(cls), pool, C, D, page)
     b.decode_cuda_graph_metadata, b.forward_decode_metadata = {}, None
@@ -510,6 +547,12 @@ class TestTrtllmMla(unittest.TestCase):
                 for row in m.rows:
                     self.assertEqual((row.right, row.neighbour, row.past), (row.pages, 0, 0))
 
+    def test_fixed_table_reads_the_requests_own_pages(self):
+        for mode, page, D in (("TARGET_VERIFY", 32, 8), ("TARGET_VERIFY", 64, 4), ("DECODE", 64, 8)):
+            with self.subTest(mode=mode, page=page, D=D):
+                m = run_trtllm_mla(mode, 4096, D, page, fixed=True)
+                holds_rule(self, m, Bug.TRTLLM_MLA_KV_INDICES, pool_for(4096, D, page), page)
+
 
 # ------------------------------------------------------------------------------------ FlashMLA
 
@@ -549,13 +592,13 @@ def tearDownModule():
         path.write_text(json.dumps(old, indent=1, sort_keys=True))
 
 
-def run_flashmla(mode: str, C: int, D: int, row_wide: bool = False) -> Measured:
+def run_flashmla(mode: str, C: int, D: int, row_wide: bool = False, fixed: bool = False) -> Measured:
     """FlashMLABackend (0.5.14 flashmla_backend.py:51-89) over the flashinfer MLA parent; its own
     init_cuda_graph_state (0.5.14 :180-211, 0.5.23 :274-316: block table
     [max_bs, (C + 64) // 64]), capture and replay. ``row_wide``: the block table handed in
     (its ``block_kv_indices`` argument) as wide as the request pool's row in pages."""
     page = FLASHMLA.PAGE_SIZE
-    cls = FLASHMLA.FlashMLABackend
+    cls = plugin_form(FLASHMLA, Bug.FLASHMLA_KV_INDICES) if fixed else FLASHMLA.FlashMLABackend
     pool = pool_for(C, D, page)
     b = mla_fields(cls.__new__(cls), pool, C, D, page)
     b.cuda_graph_kv_indices = b.cuda_graph_mla_metadata = b.cuda_graph_num_splits = None
@@ -615,6 +658,12 @@ class TestFlashMla(unittest.TestCase):
                 for row in m.rows:
                     self.assertEqual((row.right, row.neighbour, row.past), (row.pages, 0, 0))
                 self.assertEqual(m.writes_past_end, 0)
+
+    def test_fixed_table_reads_the_requests_own_pages(self):
+        for D in DRAFTS:
+            with self.subTest(D=D):
+                m = run_flashmla("TARGET_VERIFY", 254, D, fixed=True)
+                holds_rule(self, m, Bug.FLASHMLA_KV_INDICES, pool_for(254, D, 64), 64)
 
 
 # ------------------------------------------------------------------------------------ flashinfer MLA
@@ -756,7 +805,7 @@ MINIMAX_NVFP4, _MINIMAX_WHY = importable(f"{ATTENTION}.minimax_sparse_nvfp4_back
 MSA_PLAN, _ = importable(f"{ATTENTION}.minimax_sparse_ops.msa_plan")
 
 
-def run_minimax_nvfp4(C: int, D: int, row_wide: bool = False) -> Measured:
+def run_minimax_nvfp4(C: int, D: int, row_wide: bool = False, fixed: bool = False) -> Measured:
     """MiniMaxSparseNvfp4AttnBackend (0.5.23 minimax_sparse_nvfp4_backend.py:28-95), a TARGET_VERIFY
     capture and replay through its own init_forward_metadata_out_graph (:111-124) and
     _prepare_msa_v1_decode_plan (:200-300, table [bs, ceil(C / page)]). The two plan classes are
@@ -765,7 +814,11 @@ def run_minimax_nvfp4(C: int, D: int, row_wide: bool = False) -> Measured:
     (msa_plan.py:396-431), which runs sglang's Triton update_msa_v1_decode_plan; the attention
     plan shares its page_table / final_seq_lens as the real one does (msa_plan.py:598-609)."""
     page = 128
-    cls = MINIMAX_NVFP4.MiniMaxSparseNvfp4AttnBackend
+    cls = (
+        plugin_form(MINIMAX_NVFP4, Bug.MINIMAX_NVFP4_PAGE_TABLE)
+        if fixed
+        else MINIMAX_NVFP4.MiniMaxSparseNvfp4AttnBackend
+    )
     pool = pool_for(C, D, page)
     b = cls.__new__(cls)
     b.req_to_token_pool, b.req_to_token, b.max_context_len, b.page_size = pool, pool.req_to_token, C, page
@@ -836,3 +889,9 @@ class TestMinimaxNvfp4(unittest.TestCase):
         m = run_minimax_nvfp4(1024, 8, row_wide=True)
         for row in m.rows:
             self.assertEqual((row.right, row.neighbour, row.past), (row.pages, 0, 0))
+
+    def test_fixed_table_reads_the_requests_own_pages(self):
+        for D in DRAFTS:
+            with self.subTest(D=D):
+                m = run_minimax_nvfp4(1024, D, fixed=True)
+                holds_rule(self, m, Bug.MINIMAX_NVFP4_PAGE_TABLE, pool_for(1024, D, 128), 128)
