@@ -599,6 +599,14 @@ class TestConsoleScript(unittest.TestCase):
         rc, out, err = run_cli("frobnicate")
         self.assertEqual(rc, 2)
         self.assertIn("invalid choice", err)
+        # --json: the usage error as JSON too, from the top parser and from a subcommand's.
+        for argv, said in ((("frobnicate", "--json"), "invalid choice"), (("check", "--json", "-x"), "-x")):
+            with self.subTest(argv=argv):
+                rc, out, err = run_cli(*argv)
+                self.assertEqual((rc, json.loads(out)["exit_code"]), (2, 2))
+                self.assertIn(said, json.loads(out)["error"])
+        # Without --json nothing on stdout, in the same process after a --json run.
+        self.assertEqual(run_cli("check", "-x")[:2], (2, ""))
 
 
 if __name__ == "__main__":

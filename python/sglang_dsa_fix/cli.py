@@ -354,20 +354,24 @@ COMMANDS = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but ``--json`` gets JSON for usage errors too."""
+    """argparse, but ``--json`` gets JSON for usage errors too (``json_requested``: this run's
+    command line has it; the subcommands' parsers get it from ``build_parser``)."""
 
-    json_requested = False
+    def __init__(self, *args, json_requested: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.json_requested = json_requested
 
     def error(self, message):
         message = _error_line(message)
-        if _Parser.json_requested:
+        if self.json_requested:
             print(json.dumps(_contract({"error": message, "exit_code": EXIT_ERROR})))
         # One line, as every other failure (the usage is one `--help` away).
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(json_requested: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(
+        json_requested=json_requested,
         prog=PROG,
         description="Fix, check and undo the DSA/EAGLE req_to_token width "
         "bugs in an installed sglang or a checkout.",
@@ -385,7 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--no-json", dest="json", action="store_false", default=False, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     parsers = {
-        name: sub.add_parser(name, help=text, description=text, parents=[common])
+        name: sub.add_parser(
+            name, help=text, description=text, parents=[common], json_requested=json_requested
+        )
         for name, (_, text) in COMMANDS.items()
     }
     for name in ("apply", "revert"):
@@ -502,9 +508,9 @@ def _main(argv=None) -> int:
         cut = argv.index("--")
         argv, launch_args = argv[:cut], argv[cut + 1 :]
     argv = [_json_flag(a) for a in argv]
-    _Parser.json_requested = "--json" in argv
-    parser = build_parser()
-    if _Parser.json_requested and argv[:1] in (["--version"], ["-V"]):
+    json_requested = "--json" in argv
+    parser = build_parser(json_requested)
+    if json_requested and argv[:1] in (["--version"], ["-V"]):
         print(json.dumps(_contract({"command": "version"})))
         return EXIT_OK
     args = parser.parse_args(argv)
