@@ -1,4 +1,4 @@
-"""Bug #3's relatives: the rule, their in-tree sites, and their tables' width at a configuration.
+"""Bug #3's relatives: the rule and the locator of their in-tree change (their widths: ``width``).
 
 TRT-LLM MHA, TRT-LLM MLA, FlashMLA and MiniMax sparse NVFP4 size a CUDA-graph table from
 ``self.max_context_len`` (``release.GRAPH_TABLE_LAYOUTS`` has each one's expression), while a
@@ -17,7 +17,6 @@ no sglang.
 from __future__ import annotations
 
 import ast
-import math
 from pathlib import Path
 from typing import Optional
 
@@ -111,22 +110,3 @@ def site_for(bug: Bug):
 def methods(site: EditSite) -> list:
     """The class's methods the change edits, in file order (the plugin recompiles these)."""
     return list(dict.fromkeys(e.kind for e in site.edits))
-
-
-# ------------------------------------------------------------------------------ at a configuration
-
-
-def table_pages(bug: Bug, tokens: int, page: int) -> int:
-    """Pages of the backend's graph table when its width expression reads ``tokens`` (sglang's
-    own arithmetic, written as the static rule: 0.5.23 trtllm_mha_backend.py:351-353,
-    trtllm_mla_backend.py:336-357, flashmla_backend.py:282, minimax_sparse_nvfp4_backend.py:213)."""
-    pages = -(-tokens // page)
-    if bug is Bug.TRTLLM_MLA_KV_INDICES:
-        # _calc_padded_blocks: a multiple of lcm(128 / page, 4096-token Triton blocks in pages).
-        step = math.lcm(max(1, 128 // page), max(1, 4096 // page))
-        return -(-pages // step) * step
-    if bug is Bug.FLASHMLA_KV_INDICES:
-        return (tokens + page) // page
-    if bug is Bug.MINIMAX_NVFP4_PAGE_TABLE:
-        return max(1, pages)
-    return pages

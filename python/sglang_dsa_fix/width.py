@@ -25,6 +25,7 @@ This module imports no torch and no sglang at import time.
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
@@ -498,9 +499,24 @@ def fa3_at(verdict, inputs: dict) -> dict:
     }
 
 
+def relative_table_pages(bug, tokens: int, page: int) -> int:
+    """Pages of a relative of bug #3's graph table (``graph_tables``) when its width expression
+    reads ``tokens`` (sglang's own arithmetic, as the static rule: 0.5.23 trtllm_mha_backend.py:
+    351-353, trtllm_mla_backend.py:336-357, flashmla_backend.py:282,
+    minimax_sparse_nvfp4_backend.py:213)."""
+    pages = -(-tokens // page)
+    if bug is Bug.TRTLLM_MLA_KV_INDICES:
+        # _calc_padded_blocks: a multiple of lcm(128 / page, 4096-token Triton blocks in pages).
+        step = math.lcm(max(1, 128 // page), max(1, 4096 // page))
+        return -(-pages // step) * step
+    if bug is Bug.FLASHMLA_KV_INDICES:
+        return (tokens + page) // page
+    return max(1, pages)
+
+
 def graph_table_at(bug, verdict, inputs: dict) -> dict:
     """A relative of bug #3 at a configuration, as ``fa3_at``: the longest verify's pages against
-    the backend's graph table (``graph_tables.table_pages``: its own expression over
+    the backend's graph table (``relative_table_pages``: its own expression over
     context_len, or over req_to_token's row with the fix)."""
     why = inputs["graph_not_reachable"][bug]
     if why:
@@ -513,9 +529,9 @@ def graph_table_at(bug, verdict, inputs: dict) -> dict:
     pool = C + inputs["row_extra"]
     pool_with_fix = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
     fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
-    table = graph_tables.table_pages(bug, pool if fixed else C, page)
+    table = relative_table_pages(bug, pool if fixed else C, page)
     read = longest_verify_pages(C, D, page, inputs["overlap"])
-    with_fix = graph_tables.table_pages(bug, pool_with_fix, page)
+    with_fix = relative_table_pages(bug, pool_with_fix, page)
     over = "req_to_token's width" if fixed else "context_len"
     return {
         "graph_page_table_pages": table,
