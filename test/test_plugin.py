@@ -75,7 +75,9 @@ def _child(env, queue):
         import test_graph_tables_other_backends as other
 
         mla = None
-        if other.TRTLLM_MLA is not None and other.FLASHINFER_MLA is not None:
+        # (the driver runs the 0.5.13+ capture API: init_forward_metadata_out_graph)
+        mla_cls = getattr(other.TRTLLM_MLA, "TRTLLMMLABackend", None)
+        if other.FLASHINFER_MLA is not None and hasattr(mla_cls, "init_forward_metadata_out_graph"):
             measured = other.run_trtllm_mla("TARGET_VERIFY", 4096, 8, 64)
             mla = [(row.right, row.neighbour, row.past, row.pages) for row in measured.rows]
         sizing = getattr(runner, "get_req_to_token_extra_context_len", None)  # 0.5.13+
