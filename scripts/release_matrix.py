@@ -13,7 +13,8 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
   the row is sized inline (0.5.11 - 0.5.12);
 - bug #3 CPU tier (test/srt/test_fa3_cuda_graph.py) on 0.5.17 and 0.5.23 (0.5.14 in the main
   suite): the real FlashAttentionBackend's graph tables, pristine and fixed; and the other
-  backends' graph tables the watch flags (test/srt/test_graph_tables_other_backends.py);
+  backends' graph tables the watch flags (test/srt/test_graph_tables_other_backends.py,
+  test_graph_tables_flat_buffers.py);
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
   and what ``plugin.decide()`` says on the others; the family watch's DSA / NSA replay check and
   hook targets (test/test_watch.py) where the bug #1 CPU tier runs (0.5.11 - 0.5.13);
@@ -82,7 +83,8 @@ class Release:
     page_table: str  # expected check verdict, bug #1
     row: str  # expected check verdict, bug #2
     fa3: str = AFFECTED  # expected check verdict, bug #3 (FA3's graph tables: every release so far)
-    # Bug #3's relatives (TRT-LLM MHA / MLA, FlashMLA: every release so far; MiniMax NVFP4 from 0.5.23).
+    # Bug #3's relatives (TRT-LLM MHA / MLA, FlashMLA, Triton: every release so far; MiniMax NVFP4
+    # from 0.5.23).
     relatives: str = AFFECTED
     minimax: str = NOT_APPLICABLE
     cpu_tier: str | None = None  # None: run bug #1's tier; else why not
@@ -146,6 +148,7 @@ def expected_verdicts(case: Release) -> tuple:
             Bug.TRTLLM_MLA_KV_INDICES: case.relatives,
             Bug.FLASHMLA_KV_INDICES: case.relatives,
             Bug.MINIMAX_NVFP4_PAGE_TABLE: case.minimax,
+            Bug.TRITON_KV_INDICES: case.relatives,
         }
     )
     return tuple((bug, expected[bug]) for bug in Bug)
@@ -519,6 +522,7 @@ def main(argv=None) -> int:
             ("bug #3 CPU tier", case.fa3_tier, "test/srt/test_fa3_cuda_graph.py"),
             # Bug #3's other graph tables: each backend's measured verdict (reads past or not).
             ("other backends' graph tables", case.fa3_tier, "test/srt/test_graph_tables_other_backends.py"),
+            ("triton / flashinfer flat buffers", case.fa3_tier, "test/srt/test_graph_tables_flat_buffers.py"),
         ):
             if base:
                 row.add(name, True, "run by the main test suite (base environment)")

@@ -253,6 +253,19 @@ class TestResolvedBySglang(unittest.TestCase):
         for name in ("fa3_page_table", "trtllm_mla_kv_indices", "flashmla_kv_indices"):
             self.assertEqual(self.bug(report, name)["state"], "not_reachable", name)
 
+    def test_triton_deployment_judges_its_flat_buffers(self):
+        # Triton, EAGLE 3 / 1 / 4, context 512: with every request at the longest verify's seq_len
+        # (512), the draft decode's last step writes 512 + 3 kv_indices per request into 512, the
+        # verify needs 4 * 516 mask cells of 4 * 512 (0.5.14's form); the row (520) holds both.
+        rc, report, _ = self.llama_eagle("triton", 1)
+        triton = self.bug(report, "triton_kv_indices")
+        at = triton["at_configuration"]
+        self.assertEqual((at["draft_kv_indices_needed"], at["draft_kv_indices_per_request"]), (515, 512))
+        self.assertEqual((at["verify_mask_cells_needed"], at["verify_mask_cells_per_request"]), (2064, 2048))
+        self.assertEqual((at["reachable"], at["reachable_with_fix"]), (True, False))
+        self.assertEqual((triton["state"], rc), ("affected", 1))
+        self.assertEqual(self.bug(report, "fa3_page_table")["state"], "not_reachable")
+
     @unittest.skipUnless(
         os.environ.get("SGLANG_DSA_FIX_FULL") == "1", "make test-full (keeps the fast tier < 4 min)"
     )

@@ -31,7 +31,11 @@ def _entry(state, plugin_info: dict, form: Form, resolved: Optional[dict]) -> di
         reachable = at["reachable"]
         if state.verdict is Verdict.AFFECTED and state.site.affected_when:
             entry["detail"] = ""  # the form's general range: the configuration's numbers decide
-        fix_holds = not (at.get("columns_past_row_end_with_fix") or at.get("pages_past_table_with_fix"))
+        fix_holds = not (
+            at.get("columns_past_row_end_with_fix")
+            or at.get("pages_past_table_with_fix")
+            or at.get("reachable_with_fix")
+        )
     verdict = judge_state(state.verdict, plugin_fixes, reachable, fix_holds)
     if entry.get("at_configuration", {}).get("cannot_tell"):
         verdict = State.CANNOT_TELL

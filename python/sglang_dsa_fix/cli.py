@@ -171,6 +171,14 @@ def _at_configuration_lines(bug: dict) -> list:
         return [f"  at this configuration: not reachable ({at['why_not']})"]
     if at.get("cannot_tell"):
         return [f"  at this configuration: cannot tell ({at['cannot_tell']})"]
+    if "draft_kv_indices_needed" in at:  # Triton's flat buffers
+        verdict = "they read (and write) past the buffers" if at["reachable"] else "they fit"
+        return [
+            f"  {where}: with {at['when']}, the draft decode writes {at['draft_kv_indices_needed']} "
+            f"kv_indices per request into {at['draft_kv_indices_per_request']} and the verify needs "
+            f"{at['verify_mask_cells_needed']} mask cells per request of {at['verify_mask_cells_per_request']} "
+            f"({at['from']}) -> {verdict}"
+        ]
     if "graph_page_table_pages" in at:  # bug #3 and its relatives
         verdict = (
             f"reads {at['pages_past_table']} page(s) past its table row"

@@ -8,7 +8,8 @@ classes: each reads past its table at sglang's own sizes (docs/graph-tables-othe
 
 The rule, as for FA3 (``fa3_width``) and bug #1: the table covers ``req_to_token``'s row. Here it
 is one substitution inside sglang's own width expression: ``self.max_context_len`` becomes
-``self.req_to_token.shape[1]``, so each backend keeps its own rounding (TRT-LLM MLA's padded
+the row's width as the class holds it (``self.req_to_token.shape[1]``; the Triton draft backend's
+``self.pool_len``), so each backend keeps its own rounding (TRT-LLM MLA's padded
 blocks, FlashMLA's spare page). The in-tree change writes it (``locate``: byte ranges, no stored
 source); the plugin compiles the same edits into the live class (``live_edit``). Pure: no torch,
 no sglang.
@@ -26,13 +27,18 @@ from sglang_dsa_fix.pysource import Edit, EditSite, byte_offset, parse
 from sglang_dsa_fix.verdicts import Bug
 
 REPLACED = "self.max_context_len"
-REPLACEMENT = "self.req_to_token.shape[1]"
 
 LAYOUTS = {Bug(layout.key): layout for layout in release.GRAPH_TABLE_LAYOUTS}
 
 
 def affected_when(layout: release.GraphTableLayout) -> str:
     chosen = f"--attention-backend {' / '.join(layout.backends)}" if layout.backends else "the model picks it"
+    if layout.reach == "batch":
+        return (
+            f"where {layout.name} ({chosen}) runs speculative decoding: once every request of the "
+            "largest batch is near context_len, its verify and draft decode read (and write) past "
+            "these buffers"
+        )
     return (
         f"where {layout.name} ({chosen}) runs a speculative verify or draft decode in CUDA graphs: "
         "near context_len the kernel reads past the graph table"
@@ -43,9 +49,9 @@ def _class(module: ast.Module, name: str) -> Optional[ast.ClassDef]:
     return next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name), None)
 
 
-def _width_nodes(cls: ast.ClassDef, layout: release.GraphTableLayout) -> list:
+def _width_nodes(cls: ast.ClassDef, exprs: tuple, row_width: str) -> list:
     """(method, node) of each width expression in the class, pristine or as the rule writes it."""
-    forms = set(layout.width_exprs) | {e.replace(REPLACED, REPLACEMENT) for e in layout.width_exprs}
+    forms = set(exprs) | {e.replace(REPLACED, row_width) for e in exprs}
     found = []
     for method in cls.body:
         if not isinstance(method, ast.FunctionDef):
@@ -57,37 +63,41 @@ def _width_nodes(cls: ast.ClassDef, layout: release.GraphTableLayout) -> list:
 
 
 def locate(bug: Bug, data: bytes, path: Path) -> EditSite:
-    """The bug's edits in these bytes of the backend's file. ToolError if it does not parse or
-    the class is missing; a width written in another form is ``unknown`` (cannot tell)."""
+    """The bug's edits in these bytes of the backend's file (each ``Edit.kind`` is
+    ``Class.method``). ToolError if it does not parse or a class is missing; a width written in
+    another form is ``unknown`` (cannot tell)."""
     layout = LAYOUTS[bug]
     module = parse(path, data)
-    cls = _class(module, layout.class_name)
-    if cls is None:
-        raise ToolError(f"{path}: not recognised: no class {layout.class_name}")
     lines = data.splitlines(keepends=True)
-    edits, methods = [], []
-    for method, node in _width_nodes(cls, layout):
-        inner = next(
-            n for n in ast.walk(node) if isinstance(n, ast.expr) and ast.unparse(n) in (REPLACED, REPLACEMENT)
-        )
-        start = byte_offset(lines, inner.lineno, inner.col_offset)
-        end = byte_offset(lines, inner.end_lineno, inner.end_col_offset)
-        edits.append(Edit(method, start, end, inner.lineno, data[start:end].decode(), REPLACEMENT))
-        methods.append(method)
+    edits, texts = [], []
+    for class_name, row_width in layout.classes:
+        cls = _class(module, class_name)
+        if cls is None:
+            raise ToolError(f"{path}: not recognised: no class {class_name}")
+        for method, node in _width_nodes(cls, layout.width_exprs, row_width):
+            inner = next(
+                n
+                for n in ast.walk(node)
+                if isinstance(n, ast.expr) and ast.unparse(n) in (REPLACED, row_width)
+            )
+            start = byte_offset(lines, inner.lineno, inner.col_offset)
+            end = byte_offset(lines, inner.end_lineno, inner.end_col_offset)
+            found = data[start:end].decode()
+            edits.append(Edit(f"{class_name}.{method}", start, end, inner.lineno, found, row_width))
+            texts.append((start, ast.unparse(node)))
     edits.sort(key=lambda e: e.start)
     common = dict(bug=bug, path=path, data=data, affected_when=affected_when(layout))
     if not edits:
         unknown = (
-            f"{layout.class_name} sizes its CUDA-graph table in a form this tool does not know "
+            f"{layout.name} sizes its CUDA-graph buffers in a form this tool does not know "
             f"(none of: {'; '.join(layout.width_exprs)})"
         )
-        return EditSite(edits=(), patched_here=False, unknown=unknown, lineno=cls.lineno, **common)
-    first = edits[0]
+        return EditSite(edits=(), patched_here=False, unknown=unknown, **common)
     return EditSite(
         edits=tuple(edits),
         patched_here=all(e.done for e in edits),
-        lineno=first.lineno,
-        found=lines[first.lineno - 1].decode("utf-8", "replace").strip(),
+        lineno=edits[0].lineno,
+        found="; ".join(dict.fromkeys(text for _, text in sorted(texts))),  # sglang's expressions
         **common,
     )
 
@@ -108,5 +118,6 @@ def site_for(bug: Bug):
 
 
 def methods(site: EditSite) -> list:
-    """The class's methods the change edits, in file order (the plugin recompiles these)."""
-    return list(dict.fromkeys(e.kind for e in site.edits))
+    """(class, method) of each method the change edits, in file order (the plugin recompiles
+    these)."""
+    return [tuple(kind.split(".")) for kind in dict.fromkeys(e.kind for e in site.edits)]

@@ -33,15 +33,11 @@ def _private_names(node: ast.AST) -> list:
     return sorted(n for n in names if n and n.startswith("__") and not n.endswith("__"))
 
 
-def patched_methods(site: EditSite, cls: type, module: types.ModuleType) -> dict:
-    """{method name: function} for each method of ``cls`` the site's edits touch, compiled from
-    the site's file with the edits applied. ``cls`` must be the class the file defines."""
+def patched_methods(site: EditSite, module: types.ModuleType) -> dict:
+    """{(class name, method name): function} for each method the site's edits touch, compiled
+    from the site's file with the edits applied; ``module`` is the live module of that file."""
     source = site.patched_bytes()
     tree = ast.parse(source, filename=str(site.path))
-    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__), None)
-    if node is None:
-        raise LiveEditError(f"{site.path}: no class {cls.__name__}")
-    wanted = graph_tables.methods(site)
     # The file's own future imports (``annotations``: its annotations stay unevaluated).
     flags = 0
     for statement in tree.body:
@@ -53,15 +49,21 @@ def patched_methods(site: EditSite, cls: type, module: types.ModuleType) -> dict
     filename = f"{site.path} (patched in memory by sglang-dsa-fix)"
     text = source.decode("utf-8", "replace")
     linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     out = {}
-    for method in node.body:
-        if not isinstance(method, ast.FunctionDef) or method.name not in wanted:
-            continue
+    for class_name, method_name in graph_tables.methods(site):
+        cls = getattr(module, class_name, None)
+        node = classes.get(class_name)
+        method = node and next(
+            (m for m in node.body if isinstance(m, ast.FunctionDef) and m.name == method_name), None
+        )
+        if cls is None or method is None:
+            raise LiveEditError(f"{site.path}: no {class_name}.{method_name}")
         if method.decorator_list:
-            raise LiveEditError(f"{cls.__name__}.{method.name} is decorated")
+            raise LiveEditError(f"{class_name}.{method_name} is decorated")
         private = _private_names(method)
         if private:
-            raise LiveEditError(f"{cls.__name__}.{method.name} uses private names {private}")
+            raise LiveEditError(f"{class_name}.{method_name} uses private names {private}")
         factory = ast.parse(_FACTORY).body[0]
         factory.body = [method, ast.Return(ast.Name(method.name, ast.Load()))]
         wrapper = ast.Module([factory], type_ignores=[])
@@ -69,10 +71,7 @@ def patched_methods(site: EditSite, cls: type, module: types.ModuleType) -> dict
         code = compile(wrapper, filename, "exec", flags=flags, dont_inherit=True)
         factory_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
         function = types.FunctionType(factory_code, vars(module))(cls)
-        function.__qualname__ = f"{cls.__qualname__}.{method.name}"
+        function.__qualname__ = f"{cls.__qualname__}.{method_name}"
         function.__module__ = module.__name__
-        out[method.name] = function
-    missing = set(wanted) - set(out)
-    if missing:
-        raise LiveEditError(f"{cls.__name__}: methods not found: {sorted(missing)}")
+        out[(class_name, method_name)] = function
     return out

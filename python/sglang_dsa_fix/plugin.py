@@ -205,12 +205,10 @@ def _register_replacements(registry, hook_type, plan: Plan) -> None:
 
     layout = graph_tables.LAYOUTS[plan.bug]
     module = importlib.import_module(layout.module)
-    cls = getattr(module, layout.class_name)
-    functions = live_edit.patched_methods(plan.replace, cls, module)
-    for name, function in functions.items():
-        registry.register(
-            f"{layout.module}.{layout.class_name}.{name}", _replacing(plan.bug, function), hook_type.REPLACE
-        )
+    functions = live_edit.patched_methods(plan.replace, module)
+    for (class_name, name), function in functions.items():
+        target = f"{layout.module}.{class_name}.{name}"
+        registry.register(target, _replacing(plan.bug, function), hook_type.REPLACE)
 
 
 def _replacing(bug: Bug, function):
@@ -317,7 +315,7 @@ def decide(sglang=None) -> list:
             plans.append(Plan(bug, *hooked, target=release.FA3_LAYOUT.hook_target, body=_fa3_body))
         elif bug in graph_tables.LAYOUTS:
             layout = graph_tables.LAYOUTS[bug]
-            target = f"{layout.module}.{layout.class_name}.{graph_tables.methods(site)[0]}"
+            target = ".".join((layout.module, *graph_tables.methods(site)[0]))
             plans.append(Plan(bug, *hooked, target=target, replace=site))
         else:
             module = ".".join(site.path.relative_to(sglang.package_parent).with_suffix("").parts)

@@ -130,15 +130,21 @@ FA3_BACKENDS = ("fa3", "fa4")
 # ships the file (0.5.4 - 0.5.23 read; MiniMax's file from 0.5.23). ``key`` is the bug's token.
 
 
+ROW_WIDTH = "self.req_to_token.shape[1]"  # the row's width, as the backends hold it
+
+
 @dataclass(frozen=True)
 class GraphTableLayout:
     key: str  # verdicts.Bug value
     module: str
-    class_name: str
+    classes: tuple  # (class name, the row's width as that class holds it)
     name: str  # in words
     width_exprs: tuple  # sglang's width expression(s), as ast.unparse writes them
     backends: tuple  # --attention-backend names that build it; () where the model picks it
     page_size: Optional[int] = None  # the page it forces (None: the deployment's)
+    # "row": the longest request reads past its row of the table; "batch": flat buffers sized
+    # per request, outgrown when every request of the largest batch is near the limit.
+    reach: str = "row"
 
     @property
     def relative_path(self) -> str:
@@ -151,7 +157,7 @@ GRAPH_TABLE_LAYOUTS = (
     GraphTableLayout(
         "trtllm_mha_page_table",
         "sglang.srt.layers.attention.trtllm_mha_backend",
-        "TRTLLMHAAttnBackend",
+        (("TRTLLMHAAttnBackend", ROW_WIDTH),),
         "TRT-LLM MHA",
         ("(self.max_context_len + self.page_size - 1) // self.page_size",),
         ("trtllm_mha",),
@@ -161,7 +167,7 @@ GRAPH_TABLE_LAYOUTS = (
     GraphTableLayout(
         "trtllm_mla_kv_indices",
         "sglang.srt.layers.attention.trtllm_mla_backend",
-        "TRTLLMMLABackend",
+        (("TRTLLMMLABackend", ROW_WIDTH),),
         "TRT-LLM MLA",
         ("self._calc_padded_blocks(self.max_context_len)",),
         ("trtllm_mla",),
@@ -170,7 +176,7 @@ GRAPH_TABLE_LAYOUTS = (
     GraphTableLayout(
         "flashmla_kv_indices",
         "sglang.srt.layers.attention.flashmla_backend",
-        "FlashMLABackend",
+        (("FlashMLABackend", ROW_WIDTH),),
         "FlashMLA",
         ("(self.max_context_len + PAGE_SIZE) // PAGE_SIZE",),
         ("flashmla",),
@@ -182,11 +188,35 @@ GRAPH_TABLE_LAYOUTS = (
     GraphTableLayout(
         "minimax_nvfp4_page_table",
         "sglang.srt.layers.attention.minimax_sparse_nvfp4_backend",
-        "MiniMaxSparseNvfp4AttnBackend",
+        (("MiniMaxSparseNvfp4AttnBackend", ROW_WIDTH),),
         "MiniMax sparse NVFP4",
         ("max_seq_len=self.max_context_len",),
         (),
         page_size=128,
+    ),
+    # Triton: the verify's custom mask, max_num_tokens * C cells (0.5.4 triton_backend.py:466-467, 0.5.14
+    # :838-843; the kv_indices beside it has the same expression and is widened with it), and from
+    # 0.5.17 D * (C + D) per request through maybe_create_verify_mask (0.5.17 :1018, 0.5.23
+    # :1241): a verify with every request at C + D - 4 needs D * (C + 2D - 4).
+    # And the draft decode's kv_indices, one row of max_bs * topk * C entries per step (0.5.4
+    # :1137, eager :1118; 0.5.14 draft_kv_indices_buffer_width :1528, eager :1507, the slice clamp
+    # :1475; 0.5.23 :2763, :2718, :2588); step i writes sum(seq_len + i + 1). The draft class
+    # holds the row's width as self.pool_len (0.5.4 :1070; 0.5.14 :1457).
+    GraphTableLayout(
+        "triton_kv_indices",
+        "sglang.srt.layers.attention.triton_backend",
+        (("TritonAttnBackend", ROW_WIDTH), ("TritonMultiStepDraftBackend", "self.pool_len")),
+        "Triton",
+        (
+            "max_num_tokens * self.max_context_len",
+            "max_context_len=self.max_context_len",
+            "forward_batch.batch_size * self.topk * self.max_context_len",
+            "num_seqs * self.max_context_len",
+            "draft_kv_indices_buffer_width(max_bs, self.topk, self.max_context_len)",
+            "draft_kv_indices_buffer_width(forward_batch.batch_size, self.topk, self.max_context_len)",
+        ),
+        ("triton",),
+        reach="batch",
     ),
 )
 

@@ -76,6 +76,7 @@ FIELDS = (
     "decode_attention_backend",
     "prefill_attention_backend",
     "speculative_attention_mode",
+    "speculative_draft_attention_backend",
     "disable_cuda_graph",
     "disable_overlap_schedule",
     "attn_dcp_size",
@@ -798,7 +799,7 @@ def _model_attention_backend(server_args):
     if is_minimax_sparse(model_config.hf_config) and uses_minimax_m3_nvfp4_native_stack(
         model_config.quantization
     ):
-        return "minimax_sparse_nvfp4"
+        return "MiniMaxSparseNvfp4AttnBackend"  # (the class it builds)
     return None
 
 

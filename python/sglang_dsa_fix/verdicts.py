@@ -26,6 +26,7 @@ class Bug(enum.Enum):
     TRTLLM_MLA_KV_INDICES = "trtllm_mla_kv_indices"
     FLASHMLA_KV_INDICES = "flashmla_kv_indices"
     MINIMAX_NVFP4_PAGE_TABLE = "minimax_nvfp4_page_table"
+    TRITON_KV_INDICES = "triton_kv_indices"
 
     @property
     def title(self) -> str:
@@ -37,6 +38,7 @@ class Bug(enum.Enum):
             Bug.TRTLLM_MLA_KV_INDICES: "bug #3 TRT-LLM MLA CUDA-graph block table (crash)",
             Bug.FLASHMLA_KV_INDICES: "bug #3 FlashMLA CUDA-graph block table (crash)",
             Bug.MINIMAX_NVFP4_PAGE_TABLE: "bug #3 MiniMax sparse NVFP4 decode-plan page table (crash)",
+            Bug.TRITON_KV_INDICES: "bug #3 Triton verify mask and draft kv_indices (crash)",
         }[self]
 
 

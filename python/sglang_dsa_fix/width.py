@@ -424,9 +424,12 @@ def graph_table_not_reachable(layout, resolved: dict, config: dict, backend, ver
     if config.get("disable_cuda_graph"):
         return "CUDA graphs disabled"
     if layout.backends:
-        if verify not in layout.backends and backend not in layout.backends:
-            return f"verify / decode attention backend {verify} / {backend}: not {layout.name}"
-    elif config.get("model_attention_backend") != layout.class_name:
+        draft = config.get("speculative_draft_attention_backend") or backend
+        if not {verify, backend, draft} & set(layout.backends):
+            return (
+                f"verify / decode / draft attention backend {verify} / {backend} / {draft}: not {layout.name}"
+            )
+    elif config.get("model_attention_backend") not in [name for name, _ in layout.classes]:
         return f"sglang picks {layout.name} by the model (not this one)"
     return ""
 
@@ -514,7 +517,33 @@ def relative_table_pages(bug, tokens: int, page: int) -> int:
     return max(1, pages)
 
 
-def graph_table_at(bug, verdict, inputs: dict) -> dict:
+def flat_buffers_at(verdict, found: str, inputs: dict) -> dict:
+    """Triton's flat buffers (``release.GRAPH_TABLE_LAYOUTS``, reach "batch") at a configuration,
+    per request of a batch whose every request is at the longest verify's seq_len s: the draft
+    decode's last step writes s + D - 1 kv_indices into a row of C per request; the verify mask
+    needs D * (s + D) cells of D * C per request (D * (C + D) where the file sizes it through
+    ``max_context_len=``, 0.5.17+). With the fix, req_to_token's row instead of C."""
+    C, D = inputs["context_len"], inputs["num_draft_tokens"]
+    s = verify_seq_len_bound(C, D, inputs["overlap"])
+    fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
+    row = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
+    per_token = (lambda width: width + D) if "max_context_len=" in found else (lambda width: width)
+    now = row if fixed else C
+    draft, mask = s + D - 1, D * (s + D)
+    return {
+        "draft_kv_indices_per_request": now,
+        "draft_kv_indices_needed": draft,
+        "verify_mask_cells_per_request": D * per_token(now),
+        "verify_mask_cells_needed": mask,
+        "from": "static rule: Triton's width expressions over "
+        + ("req_to_token's width" if fixed else "context_len"),
+        "reachable_with_fix": draft > row or mask > D * per_token(row),
+        "reachable": draft > now or mask > D * per_token(now),
+        "when": f"every request of the largest captured batch at seq_len {s} (the longest verify's)",
+    }
+
+
+def graph_table_at(bug, verdict, found: str, inputs: dict) -> dict:
     """A relative of bug #3 at a configuration, as ``fa3_at``: the longest verify's pages against
     the backend's graph table (``relative_table_pages``: its own expression over
     context_len, or over req_to_token's row with the fix)."""
@@ -524,6 +553,8 @@ def graph_table_at(bug, verdict, inputs: dict) -> dict:
     layout = graph_tables.LAYOUTS[bug]
     if inputs["topk"] > 1:
         return {"reachable": None, "cannot_tell": f"topk > 1: this tool's rule for {layout.name} is topk 1's"}
+    if layout.reach == "batch":
+        return flat_buffers_at(verdict, found, inputs)
     C, D = inputs["context_len"], inputs["num_draft_tokens"]
     page = layout.page_size or inputs["page_size"]
     pool = C + inputs["row_extra"]
@@ -597,7 +628,7 @@ def at_configuration(bug, verdict, found: str, form: Form, resolved: dict) -> di
     if bug is Bug.FA3_PAGE_TABLE:
         return fa3_at(verdict, inputs)
     if bug in graph_tables.LAYOUTS:
-        return graph_table_at(bug, verdict, inputs)
+        return graph_table_at(bug, verdict, found, inputs)
     if "row_cannot_tell" in inputs:
         return {"reachable": None, "cannot_tell": inputs["row_cannot_tell"]}
     at = row_at(verdict, form, inputs)

@@ -36,6 +36,8 @@ import graph_backends as g
 import test_graph_tables_other_backends as o
 import torch
 
+from sglang_dsa_fix.verdicts import Bug
+
 MAX_BS = 4
 SHORT = 100
 DRAFTS = (4, 8)
@@ -76,11 +78,16 @@ def row_of(pool) -> int:
 # ------------------------------------------------------------------------------------ triton
 
 
-def triton_step(pool, D: int, skip_prefill: bool, kv_indptr=None):
+def triton_fixed(class_name: str):
+    """The class as the plugin runs it (``o.plugin_form``: the bytes `apply` writes, compiled)."""
+    return o.plugin_form(TRITON, Bug.TRITON_KV_INDICES, class_name)
+
+
+def triton_step(pool, D: int, skip_prefill: bool, kv_indptr=None, fixed: bool = False):
     """TritonAttnBackend as ``__init__`` leaves it for a small MHA model, no sliding window, EAGLE
     topk 1 (0.5.14 triton_backend.py:97-281; 0.5.17 / 0.5.23 add page_size, the
     kv_index_translator, is_draft_runner, _verify_mask and the DCP fields: 0.5.23 :150-420)."""
-    cls = TRITON.TritonAttnBackend
+    cls = triton_fixed("TritonAttnBackend") if fixed else TRITON.TritonAttnBackend
     b = cls.__new__(cls)
     b.skip_prefill, b.sliding_window_size, b.use_sliding_window_kv_pool = skip_prefill, None, False
     b.req_to_token_pool, b.req_to_token, b.token_to_kv_pool = pool, pool.req_to_token, None
@@ -123,7 +130,7 @@ def mask_buffer(b):
     return b._verify_mask.buffer if b._verify_mask is not None else b.cuda_graph_custom_mask
 
 
-def run_triton(mode: str, D: int, seq_lens: list, row_wide: bool = False) -> dict:
+def run_triton(mode: str, D: int, seq_lens: list, row_wide: bool = False, fixed: bool = False) -> dict:
     """The target's TritonAttnBackend: its own init_cuda_graph_state(max_bs, max_bs * D) (the
     verify runner's sizes: decode_cuda_graph_runner.py:233-263, num_tokens_per_bs = D), flat
     kv_indices [max_bs * D * C] (0.5.14 :826-835, 0.5.17 :1003-1010, 0.5.23 :1226-1233); a
@@ -131,9 +138,9 @@ def run_triton(mode: str, D: int, seq_lens: list, row_wide: bool = False) -> dic
     buffer, as the spec-v2 worker hands it to the tree builder (0.5.14 eagle_worker_v2.py:
     519-555, ``get_verify_buffers_to_fill_after_draft``; 0.5.23 eagle_worker_common.py:408-415).
     ``row_wide``: init_cuda_graph_state's sizes from req_to_token's row instead of C (kv_indices
-    ``max_num_tokens * req_to_token.shape[1]``, the mask likewise)."""
+    ``max_num_tokens * req_to_token.shape[1]``, the mask likewise); ``fixed``: the plugin's form."""
     pool = o.pool_for(C, D, 1)
-    b = triton_step(pool, D, skip_prefill=False)
+    b = triton_step(pool, D, skip_prefill=False, fixed=fixed)
     tokens = D if mode == "TARGET_VERIFY" else 1
     n = MAX_BS * D
     if row_wide:
@@ -161,15 +168,15 @@ def run_triton(mode: str, D: int, seq_lens: list, row_wide: bool = False) -> dic
     return out
 
 
-def triton_draft(pool, D: int):
+def triton_draft(pool, D: int, fixed: bool = False):
     """TritonMultiStepDraftBackend (0.5.14 triton_backend.py:1416-1458, 0.5.23 :2504-2568):
     num_steps = D - 1 (EAGLE topk 1), one step backend (skip_prefill) per step but the last,
     each over its row of the shared kv_indptr."""
-    cls = TRITON.TritonMultiStepDraftBackend
+    cls = triton_fixed("TritonMultiStepDraftBackend") if fixed else TRITON.TritonMultiStepDraftBackend
     m = cls.__new__(cls)
     m.topk, m.speculative_num_steps = 1, D - 1
     m.kv_indptr = torch.zeros(D - 1, MAX_BS + 1, dtype=torch.int32)
-    m.attn_backends = [triton_step(pool, D, True, m.kv_indptr[i]) for i in range(D - 2)]
+    m.attn_backends = [triton_step(pool, D, True, m.kv_indptr[i], fixed) for i in range(D - 2)]
     m.max_context_len, m.num_head, m.device = C, 1, torch.device("cpu")
     m.req_to_token_pool, m.pool_len, m.page_size = pool, row_of(pool), 1
     m.draft_window_size, m.draft_sink_size = 0, 0  # 0.5.23 resolve_draft_decode_window: unset
@@ -205,7 +212,7 @@ def draft_batch(seq_lens: list):
     return fb
 
 
-def run_draft(backend: str, D: int, seq_lens: list, row_wide: bool = False) -> dict:
+def run_draft(backend: str, D: int, seq_lens: list, row_wide: bool = False, fixed: bool = False) -> dict:
     """The multi-step draft backend at the draft runner's sizes: init_cuda_graph_state(max_bs,
     max_bs * topk) (eagle_draft_cuda_graph_runner.py:142-147), buffer [num_steps,
     max_bs * topk * C] (``draft_kv_indices_buffer_width``, spec_utils.py:107-119); a capture and
@@ -213,7 +220,7 @@ def run_draft(backend: str, D: int, seq_lens: list, row_wide: bool = False) -> d
     (its spec_info.kv_indices, a slice of that row: triton_backend.py:1497-1503). ``row_wide``:
     the row as ``max_bs * topk * req_to_token.shape[1]``."""
     pool = o.pool_for(C, D, 1)
-    m = triton_draft(pool, D) if backend == "triton" else flashinfer_draft(pool, D)
+    m = triton_draft(pool, D, fixed) if backend == "triton" else flashinfer_draft(pool, D)
     if row_wide:
         m.max_context_len = row_of(pool)
     error = None
@@ -354,14 +361,25 @@ class TestTritonFlat(unittest.TestCase):
                 self.assertEqual(m["written_past"], sum(batch) + MAX_BS * (D - 1) - width)
                 self.assertEqual(m["written_past"], {4: 12, 8: 44}[D])
 
-    def test_row_wide_draft_buffer_takes_every_row(self):
+    def test_fixed_verify_mask_holds_every_row(self):
+        # The fix (bug token triton_kv_indices), as the plugin runs it: fails if it is removed.
         for D in DRAFTS:
             with self.subTest(D=D):
-                m = run_draft("triton", D, every_row(D), row_wide=True)
-                self.assertEqual(m["width"], MAX_BS * row_of(o.pool_for(C, D, 1)))
-                for step in m["per_step"]:
-                    self.assertEqual((step["other_row"], step["past"], step["wrong"]), (0, 0, 0))
-                self.assertEqual(m["written_past"], 0)
+                m = run_triton("TARGET_VERIFY", D, every_row(D), fixed=True)
+                self.assertLessEqual(m["mask_read"], m["mask_cells"])
+                self.assertTrue(m["kv_right"])
+                self.assertEqual(m["kv_written_past"], 0)
+
+    def test_row_wide_and_fixed_draft_buffers_take_every_row(self):
+        # row_wide: the control; fixed: the fix as the plugin runs it (fails if it is removed).
+        for variant in ("row_wide", "fixed"):
+            for D in DRAFTS:
+                with self.subTest(variant=variant, D=D):
+                    m = run_draft("triton", D, every_row(D), **{variant: True})
+                    self.assertEqual(m["width"], MAX_BS * row_of(o.pool_for(C, D, 1)))
+                    for step in m["per_step"]:
+                        self.assertEqual((step["other_row"], step["past"], step["wrong"]), (0, 0, 0))
+                    self.assertEqual(m["written_past"], 0)
 
 
 # ------------------------------------------------------------------------------------ flashinfer

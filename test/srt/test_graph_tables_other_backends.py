@@ -94,16 +94,18 @@ def pool_for(C: int, D: int, page: int):
 
 
 @functools.cache
-def plugin_form(module, bug: Bug):
+def plugin_form(module, bug: Bug, class_name: str = ""):
     """The backend class as the plugin runs it: a subclass whose methods that the in-tree change
     edits are those methods compiled from the patched file (``live_edit``, from the bytes
-    ``apply`` writes: ``graph_tables.locate`` on the release's own file)."""
-    layout = graph_tables.LAYOUTS[bug]
-    cls = getattr(module, layout.class_name)
+    ``apply`` writes: ``graph_tables.locate`` on the release's own file). ``class_name``: which
+    of the layout's classes (default: its first)."""
+    class_name = class_name or graph_tables.LAYOUTS[bug].classes[0][0]
+    cls = getattr(module, class_name)
     path = Path(module.__file__)
     site = graph_tables.locate(bug, path.read_bytes(), path)
     assert site.edits and not site.patched_here, site
-    return type(cls.__name__, (cls,), live_edit.patched_methods(site, cls, module))
+    methods = {m: f for (c, m), f in live_edit.patched_methods(site, module).items() if c == class_name}
+    return type(cls.__name__, (cls,), methods)
 
 
 def holds_rule(test, m, bug: Bug, pool, page: int) -> None:
