@@ -13,6 +13,7 @@ entry-point metadata and applies the hooks through sglang's HookRegistry), then:
 - /server_info: calls the hooked ``Scheduler.get_internal_state``.
 """
 
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -75,9 +76,15 @@ def _child(env, queue):
         import test_graph_tables_other_backends as other
 
         mla = None
-        # (the driver runs the 0.5.13+ capture API: init_forward_metadata_out_graph)
+        # (the driver runs the graph runners' API of 0.5.14+: out_graph / in_graph metadata and
+        # model_executor.runner's replay view; the release matrix runs this on 0.5.11 - 0.5.13 too)
         mla_cls = getattr(other.TRTLLM_MLA, "TRTLLMMLABackend", None)
-        if other.FLASHINFER_MLA is not None and hasattr(mla_cls, "init_forward_metadata_out_graph"):
+        driven = importlib.util.find_spec("sglang.srt.model_executor.runner") is not None
+        if (
+            driven
+            and other.FLASHINFER_MLA is not None
+            and hasattr(mla_cls, "init_forward_metadata_out_graph")
+        ):
             measured = other.run_trtllm_mla("TARGET_VERIFY", 4096, 8, 64)
             mla = [(row.right, row.neighbour, row.past, row.pages) for row in measured.rows]
         sizing = getattr(runner, "get_req_to_token_extra_context_len", None)  # 0.5.13+
