@@ -123,10 +123,12 @@ def main(argv=None) -> int:
                     )
                     return 2
                 if name == "status":
-                    if rc not in (0, 1):
+                    # 0 / 1 / 2 (a bug it cannot tell, e.g. NGRAM's topk 10 on Triton): a verdict;
+                    # an error is exit 2 with "error" in the JSON.
+                    report = json.loads(out) if out.strip().startswith("{") else {"error": err.strip()}
+                    if rc not in (0, 1, 2) or "error" in report:
                         print(f"status_cost: status exited {rc}: {err.strip()[-500:]}", file=sys.stderr)
                         return 2
-                    report = json.loads(out)
                 seconds[name].append(took)
                 print(f"rep {rep + 1}/{args.reps} {name}: {took:.2f} s", file=sys.stderr)
         load_after = os.getloadavg()

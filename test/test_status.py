@@ -322,7 +322,7 @@ class TestAlgorithms(StatusTestCase):
             "speculative_num_draft_tokens": 16,
             "context_length": 256,
             "page_size": 1,
-            "attention_backend": "triton",  # (not FA3: bug #3 not reached, bug #2 decides)
+            "attention_backend": "flashinfer",  # (no bug #3 nor relative reached: bug #2 decides)
         }
         resolved = {
             "basis": "sglang",
