@@ -371,7 +371,7 @@ def test_status_cost_times_status_against_sglangs_own_import(smoke):
     assert row["status_command"][:3] == ["-m", "sglang_dsa_fix", "status"]
     assert len(row["import_s"]) == len(row["status_s"]) == 1 and min(row["import_s"] + row["status_s"]) > 0
     assert row["ratio_of_medians"] == row["status_median_s"] / row["import_median_s"]
-    assert row["goal"] == 2.5 and row["status_basis"] == "sglang" and row["exit_code"] in (0, 1)
+    assert row["goal"] == 2.5 and row["status_basis"] == "sglang" and row["exit_code"] in (0, 1, 2)
 
 
 @uses("bench_common")
