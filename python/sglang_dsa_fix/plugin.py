@@ -387,4 +387,7 @@ def register() -> None:
                 WATCH_HOOKS.append(target)
         except Exception as exc:
             logger.warning("sglang-dsa-fix: watch not installed (%s: %s)", type(exc).__name__, exc)
+    from sglang_dsa_fix.pysource import forget_parsed
+
+    forget_parsed()  # the decisions are made: keep no parsed sglang file in the scheduler
     logger.info("%s", _summary())

@@ -7,6 +7,7 @@ them into byte offsets of the file's own encoding. No torch, no sglang.
 from __future__ import annotations
 
 import ast
+import threading
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from sglang_dsa_fix.errors import ToolError
 def byte_offset(lines: list[bytes], lineno: int, col: int) -> int:
     # ast columns are UTF-8 byte offsets into the source as Python decodes it (PEP 263: a coding
     # cookie may say latin-1 etc.); lines split like the tokenizer (\n, \r\n, \r).
-    before = sum(len(line) for line in lines[: lineno - 1])
+    before = sum(map(len, lines[: lineno - 1]))
     encoding = tokenize.detect_encoding(iter(lines[:2]).__next__)[0]
     if col == 0 or encoding in ("utf-8", "utf-8-sig"):
         return before + col
@@ -30,12 +31,36 @@ def lines_above(lines: list[bytes], lineno: int, count: int) -> list[str]:
     return [line.strip().decode("utf-8", "replace") for line in above]
 
 
+# The trees of the last few contents parsed: one run locates several sites in the same file
+# (a CLI run parses dsa_backend.py and flashattention_backend.py two to three times each, and
+# the tests run the tool over the same bytes hundreds of times). Shared: callers only read them.
+_PARSED: dict = {}
+_PARSED_MAX = 8
+_PARSED_LOCK = threading.Lock()
+
+
 def parse(path: Path, data: bytes) -> ast.Module:
+    with _PARSED_LOCK:
+        module = _PARSED.get(data)
+    if module is not None:
+        return module
     try:
-        return ast.parse(data, filename=str(path))
+        module = ast.parse(data, filename=str(path))
     except (SyntaxError, ValueError) as exc:
         detail = f"{exc.msg}, line {exc.lineno}" if isinstance(exc, SyntaxError) else str(exc)
         raise ToolError(f"{path}: not recognised: does not parse ({detail})") from None
+    with _PARSED_LOCK:
+        _PARSED[data] = module
+        while len(_PARSED) > _PARSED_MAX:
+            del _PARSED[next(iter(_PARSED))]  # the oldest
+    return module
+
+
+def forget_parsed() -> None:
+    """Drop the kept trees (the plugin calls it once its decisions are made: a scheduler process
+    should not hold sglang's parsed files for its whole life)."""
+    with _PARSED_LOCK:
+        _PARSED.clear()
 
 
 @dataclass(frozen=True)
