@@ -13,6 +13,7 @@ entry-point metadata and applies the hooks through sglang's HookRegistry), then:
 - /server_info: calls the hooked ``Scheduler.get_internal_state``.
 """
 
+import functools
 import importlib.util
 import logging
 import multiprocessing
@@ -151,6 +152,14 @@ def run_in_spawned_process(**env):
     return out
 
 
+@functools.cache
+def enabled_by_one_name_and_an_unknown_switch_value():
+    """One child that two tests read (a spawned child costs ~10 s): sglang loads the plugin under
+    one of its entry-point names only (SGLANG_PLUGINS) and the kill switch holds a value it does
+    not know, which is taken as enabled. Either failing leaves bug #1's buffer pristine."""
+    return run_in_spawned_process(SGLANG_PLUGINS=plugin.ENTRY_POINT_NAMES[1], SGLANG_DSA_FIX="yes-please")
+
+
 @unittest.skipUnless(trees.plugin_installed_here(), "sglang-dsa-fix is not installed (pip install -e .)")
 @unittest.skipUnless(trees.plugin_report(INSTALLED_FILES, True)["sglang_has_plugin_api"], "no plugin API")
 class TestPluginInSpawnedProcess(unittest.TestCase):
@@ -198,7 +207,7 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
         self.assertTrue(failed["detail"].startswith("AttributeError"), failed)
 
     def test_kill_switch_values(self):
-        # Each value is one spawned process (~7 s): the fast tier takes two spellings, the full
+        # Each value is one spawned process (~10 s): the fast tier takes two spellings, the full
         # sweep all (plugin.enabled's parsing of every spelling is tested in-process).
         values = ("0", "false", " OFF ", "No") if FULL else ("0", " OFF ")
         for value in values:
@@ -213,8 +222,11 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
                 off = out["state"]["bugs"]["page_table"]
                 self.assertEqual((off["state"], off["hook"]), ("affected", "disabled"))
                 self.assertIn(repr(value), out["state"]["kill_switch"])
-        out = run_in_spawned_process(SGLANG_DSA_FIX="yes-please")
+        out = enabled_by_one_name_and_an_unknown_switch_value()
         self.assertEqual(out["buffer"], out["pool"])
+        self.assertTrue(
+            out["state"]["kill_switch"].startswith("SGLANG_DSA_FIX='yes-please': enabled"), out["state"]
+        )
 
     def test_sglang_plugins_allow_list(self):
         out = run_in_spawned_process(SGLANG_PLUGINS="someone_else")
@@ -222,8 +234,10 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
         self.assertEqual(out["records"], [])  # never loaded
         if ROW_HOOKED:  # (the scheduler imports on CPU): the plugin never loaded, no state
             self.assertIsNone(out["internal"])
-        out = run_in_spawned_process(SGLANG_PLUGINS=plugin.ENTRY_POINT_NAMES[1])
+        out = enabled_by_one_name_and_an_unknown_switch_value()
         self.assertEqual(out["buffer"], out["pool"])
+        fa3 = out["state"]["bugs"]["fa3_page_table"]  # (page_table's: the broken backend's failure)
+        self.assertEqual((fa3["state"], fa3["hook"]), ("protected_by_plugin", "applied"))
 
 
 class TestKillSwitchSpellings(unittest.TestCase):
