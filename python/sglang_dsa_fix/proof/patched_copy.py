@@ -2,7 +2,9 @@
 
 Lets the tests and the demo run pristine, runtime-fixed and in-tree-patched code side by side
 in one process while the installed sglang stays untouched: each patched file is loaded as a
-module of its own; its absolute ``sglang.*`` imports resolve to the installed release.
+module of its own; its absolute ``sglang.*`` imports resolve to the installed release. The copy
+holds the files the tool reads (``release.FILES_READ``), not the whole package: nothing else of
+it is imported, and copying sglang's 3000 files took ~2 s a copy.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from sglang_dsa_fix import sites, snapshot, source_patch
+from sglang_dsa_fix import release, sites, snapshot, source_patch
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.verdicts import Bug
 
@@ -65,7 +67,12 @@ def patched_copy():
     """Yield a PatchedCopy of the installed sglang; the copy is deleted after."""
     installed = trees.find_tree(None)
     with tempfile.TemporaryDirectory(prefix="sglang-dsa-fix-") as tmp:
-        shutil.copytree(installed.package, Path(tmp) / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+        for relative in release.FILES_READ:
+            source = installed.package / relative
+            if source.is_file():
+                target = Path(tmp) / "sglang" / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
         copy = trees.find_tree(tmp)
         outcome = source_patch.apply(copy)
         names = []
