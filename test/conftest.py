@@ -11,3 +11,8 @@ except ImportError:  # the pure tests (test_release, test_verdicts) need neither
 # before triton is first imported. On a CUDA host the kernels run compiled.
 if torch is None or not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # One intra-op thread, here and in the children the tests start (they inherit it): the CPU
+    # tier's tensor work is small, and on a busy 2-core machine torch's OpenMP pool spun instead
+    # (test/srt/test_dsa_cuda_graph.py 140 s -> 66 s, its CPU time 94 s -> 48 s).
+    if os.environ.setdefault("OMP_NUM_THREADS", "1") == "1" and torch is not None:
+        torch.set_num_threads(1)
