@@ -267,7 +267,7 @@ class TestResolvedBySglang(unittest.TestCase):
         self.assertEqual(self.bug(report, "fa3_page_table")["state"], "not_reachable")
 
     @unittest.skipUnless(
-        os.environ.get("SGLANG_DSA_FIX_FULL") == "1", "make test-full (keeps the fast tier < 4 min)"
+        os.environ.get("SGLANG_DSA_FIX_FULL") == "1", "make test-full (a slow resolution case)"
     )
     def test_sglang_rejecting_the_arguments_is_one_line(self):
         rc, out, err = run_cli(
