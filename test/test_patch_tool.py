@@ -447,6 +447,23 @@ class TestConcurrentRuns(PatchToolTestCase):
 
 
 class TestOtherReleases(PatchToolTestCase):
+    def test_a_relatives_file_of_another_layout_is_that_bug_only(self):
+        # A release that moved a class bug #3's relative edits: that bug cannot be told, the
+        # others are judged and fixed as before.
+        triton = self.package / release.ATTENTION_DIR / "triton_backend.py"
+        self.edit(triton, b"class TritonMultiStepDraftBackend", b"class TritonDraftBackendMoved")
+        self.assertEqual(self.cli("check")[0], 1)
+        states = self.report_states()
+        self.assertEqual(states.pop("triton_kv_indices"), "cannot_tell")
+        self.assertEqual(set(states.values()) - {"not_applicable"}, {"affected"})
+        self.assertEqual(self.cli("apply")[0], 0)
+        self.assertEqual(
+            set(self.report_states().values()) - {"not_applicable"}, {"fixed_in_tree", "cannot_tell"}
+        )
+
+    def report_states(self) -> dict:
+        return {b["bug"]: b["tree_state"] for b in json.loads(self.cli("check", "--json")[1])["bugs"]}
+
     def test_no_backend_no_sizing_is_not_applicable(self):
         for path in [
             self.backend.parent / "dsa_backend.py",

@@ -9,7 +9,7 @@ entry-point metadata and applies the hooks through sglang's HookRegistry), then:
   graph_backends.import_fa3 where sgl_kernel is absent) and runs its ``init_cuda_graph_state``;
 - bug #3's relatives: drives the real ``TRTLLMMLABackend`` at a verify past its 4096-token
   padded table (test/srt/test_graph_tables_other_backends.run_trtllm_mla, the pristine driver):
-  with the plugin's AROUND hooks every read stays in the request's own row;
+  with the plugin's REPLACE hooks every read stays in the request's own row;
 - /server_info: calls the hooked ``Scheduler.get_internal_state``.
 """
 

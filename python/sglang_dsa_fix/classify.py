@@ -138,7 +138,10 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
         )
     detail = ""
     if site.affected_when:
-        what = "this row sizing is" if bug is Bug.ROW_OVERFLOW else "these graph page tables are"
+        what = {
+            Bug.ROW_OVERFLOW: "this row sizing is",
+            Bug.FA3_PAGE_TABLE: "these graph page tables are",
+        }.get(bug, "these graph buffers are")
         detail = f"{what} affected {site.affected_when}"
     return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
 

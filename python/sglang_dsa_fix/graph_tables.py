@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Optional
 
 from sglang_dsa_fix import release
-from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.pysource import Edit, EditSite, byte_offset, parse
 from sglang_dsa_fix.verdicts import Bug
 
@@ -64,17 +63,26 @@ def _width_nodes(cls: ast.ClassDef, exprs: tuple, row_width: str) -> list:
 
 def locate(bug: Bug, data: bytes, path: Path) -> EditSite:
     """The bug's edits in these bytes of the backend's file (each ``Edit.kind`` is
-    ``Class.method``). ToolError if it does not parse or a class is missing; a width written in
-    another form is ``unknown`` (cannot tell)."""
+    ``Class.method``). ToolError if it does not parse. A class missing, or one without any of
+    the known width expressions, makes this bug ``unknown`` (cannot tell) and nothing else: the
+    other bugs' verdicts and fixes do not depend on this file's layout."""
     layout = LAYOUTS[bug]
     module = parse(path, data)
     lines = data.splitlines(keepends=True)
+    common = dict(bug=bug, path=path, data=data, affected_when=affected_when(layout))
     edits, texts = [], []
     for class_name, row_width in layout.classes:
         cls = _class(module, class_name)
-        if cls is None:
-            raise ToolError(f"{path}: not recognised: no class {class_name}")
-        for method, node in _width_nodes(cls, layout.width_exprs, row_width):
+        nodes = _width_nodes(cls, layout.width_exprs, row_width) if cls is not None else []
+        if not nodes:
+            unknown = (
+                f"{class_name} is not in this file"
+                if cls is None
+                else f"{class_name} sizes its buffers in a form this tool does not know (none of: "
+                f"{'; '.join(layout.width_exprs)})"
+            )
+            return EditSite(edits=(), patched_here=False, unknown=unknown, **common)
+        for method, node in nodes:
             inner = next(
                 n
                 for n in ast.walk(node)
@@ -86,13 +94,6 @@ def locate(bug: Bug, data: bytes, path: Path) -> EditSite:
             edits.append(Edit(f"{class_name}.{method}", start, end, inner.lineno, found, row_width))
             texts.append((start, ast.unparse(node)))
     edits.sort(key=lambda e: e.start)
-    common = dict(bug=bug, path=path, data=data, affected_when=affected_when(layout))
-    if not edits:
-        unknown = (
-            f"{layout.name} sizes its CUDA-graph buffers in a form this tool does not know "
-            f"(none of: {'; '.join(layout.width_exprs)})"
-        )
-        return EditSite(edits=(), patched_here=False, unknown=unknown, **common)
     return EditSite(
         edits=tuple(edits),
         patched_here=all(e.done for e in edits),

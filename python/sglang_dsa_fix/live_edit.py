@@ -3,8 +3,8 @@
 ``graph_tables.locate`` finds the edits in the backend's file; ``patched_methods`` applies them to
 the file's bytes, parses the result and compiles each edited method on its own, with the
 module's globals and the class as ``__class__`` (so ``super()`` works as in the class body). The
-plugin then runs these functions in place of sglang's (an AROUND hook that does not call the
-original): the code that runs is sglang's own, with the one substitution ``apply`` would write.
+plugin then runs these functions in place of sglang's (REPLACE hooks through sglang's
+HookRegistry): the code that runs is sglang's own, with the one substitution ``apply`` would write.
 
 Refused (``LiveEditError``, the plugin then leaves sglang untouched): a decorated method, or one
 that uses a private ``__name`` (compiled outside the class body, it would not be mangled).

@@ -9,7 +9,7 @@ sglang's own HookRegistry, AFTER hooks for each bug that is affected in this tre
 - bug #2: ``get_req_to_token_extra_context_len`` → widen the req_to_token row;
 - bug #3: ``FlashAttentionBackend.init_cuda_graph_state`` → widen FA3's graph page tables and
   the replay's bounds to req_to_token's row (``fa3_width.enforce``, before any capture);
-- bug #3's relatives (TRT-LLM MHA / MLA, FlashMLA, MiniMax NVFP4): REPLACE hooks, each method
+- bug #3's relatives (TRT-LLM MHA / MLA, FlashMLA, MiniMax NVFP4, Triton): REPLACE hooks, each method
   the in-tree change edits replaced by that method compiled with the change (``live_edit``:
   sglang's own code with ``apply``'s one substitution; other plugins' hooks still wrap it);
 - always: ``Scheduler.get_internal_state`` → this plugin's state under ``sglang_dsa_fix`` in
@@ -212,12 +212,14 @@ def _register_replacements(registry, hook_type, plan: Plan) -> None:
 
 
 def _replacing(bug: Bug, function):
-    """REPLACE hook: the patched method (its errors are sglang's own code's), counted."""
+    """REPLACE hook: the patched method (its errors are sglang's own code's). The state is set
+    on the first call only: some of these methods run every decode step."""
+    first = [True]
 
     def replacement(*args, **kwargs):
-        info = _ran(bug)
-        if info.get("detail") != REPLACED:
-            info["detail"] = REPLACED
+        if first[0]:
+            first[0] = False
+            _ran(bug)["detail"] = REPLACED
             _once(bug.value, logging.INFO, "sglang-dsa-fix: %s: %s", bug.value, REPLACED)
         return function(*args, **kwargs)
 

@@ -528,7 +528,7 @@ def flat_buffers_at(verdict, found: str, inputs: dict) -> dict:
     fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
     row = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
     per_token = (lambda width: width + D) if "max_context_len=" in found else (lambda width: width)
-    now = row if fixed else C
+    now = C + inputs["row_extra"] if fixed else C  # the tree's own row, as fa3_at reads it
     draft, mask = s + D - 1, D * (s + D)
     return {
         "draft_kv_indices_per_request": now,
