@@ -224,6 +224,23 @@ def triton_backend(context_len: int, D: int, kv_indices=None):
     return b, contextlib.nullcontext()
 
 
+def flashinfer_updaters(module, b, pool, **fields) -> None:
+    """The decode and prefill indices updaters FlashInferAttnBackend.__init__ builds, over ``b``'s
+    indptr buffers (``fields``: what a later release's updater also reads)."""
+    for name in ("FlashInferIndicesUpdaterDecode", "FlashInferIndicesUpdaterPrefill"):
+        updater = getattr(module, name).__new__(getattr(module, name))
+        updater.num_qo_heads = updater.num_kv_heads = 1
+        updater.head_dim, updater.data_type, updater.q_data_type = 8, torch.float16, torch.float16
+        updater.sliding_window_size, updater.attn_backend = None, b
+        updater.kv_indptr, updater.kv_last_page_len = b.kv_indptr, b.kv_last_page_len
+        updater.qo_indptr, updater.req_to_token = b.qo_indptr, pool.req_to_token
+        updater._swa_kv_pool, updater.prefill_wrapper_ragged = None, None
+        updater.update = updater.update_single_wrapper
+        for field, value in fields.items():
+            setattr(updater, field, value)
+        setattr(b, "indices_updater_" + ("decode" if "Decode" in name else "prefill"), updater)
+
+
 def flashinfer_backend(context_len: int, D: int, kv_indices=None):
     """FlashInferAttnBackend (0.5.14 flashinfer_backend.py:294-480), one wrapper, with its real
     indices updaters; graph state as init_cuda_graph_state (:830-870) sizes it, on CPU."""
@@ -244,16 +261,7 @@ def flashinfer_backend(context_len: int, D: int, kv_indices=None):
     b.forward_metadata = None
     b.decode_cuda_graph_metadata, b.prefill_cuda_graph_metadata = {}, {}
     b.draft_extend_cuda_graph_metadata = {}
-    for name in ("FlashInferIndicesUpdaterDecode", "FlashInferIndicesUpdaterPrefill"):
-        updater = getattr(module, name).__new__(getattr(module, name))
-        updater.num_qo_heads = updater.num_kv_heads = 1
-        updater.head_dim, updater.data_type, updater.q_data_type = 8, torch.float16, torch.float16
-        updater.sliding_window_size, updater.attn_backend = None, b
-        updater.kv_indptr, updater.kv_last_page_len = b.kv_indptr, b.kv_last_page_len
-        updater.qo_indptr, updater.req_to_token = b.qo_indptr, pool.req_to_token
-        updater._swa_kv_pool, updater.prefill_wrapper_ragged = None, None
-        updater.update = updater.update_single_wrapper
-        setattr(b, "indices_updater_" + ("decode" if "Decode" in name else "prefill"), updater)
+    flashinfer_updaters(module, b, pool)
     if kv_indices is None:
         kv_indices = torch.zeros(max_num_tokens * context_len, dtype=torch.int32)
     b.cuda_graph_kv_indices = [kv_indices]

@@ -411,17 +411,7 @@ def flashinfer_step(pool, D: int, skip_prefill: bool, kv_indptr=None, kv_last_pa
     b.decode_cuda_graph_metadata, b.prefill_cuda_graph_metadata = {}, {}
     b.draft_extend_cuda_graph_metadata = {}
     b.page_size, b.kv_index_translator = 1, o._translator(pool)
-    for name in ("FlashInferIndicesUpdaterDecode", "FlashInferIndicesUpdaterPrefill"):
-        updater = getattr(module, name).__new__(getattr(module, name))
-        updater.num_qo_heads = updater.num_kv_heads = 1
-        updater.head_dim, updater.data_type, updater.q_data_type = 8, torch.float16, torch.float16
-        updater.sliding_window_size, updater.attn_backend = None, b
-        updater.kv_indptr, updater.kv_last_page_len = b.kv_indptr, b.kv_last_page_len
-        updater.qo_indptr, updater.req_to_token = b.qo_indptr, pool.req_to_token
-        updater._swa_kv_pool, updater.prefill_wrapper_ragged = None, None
-        updater.kv_index_translator, updater.page_size = b.kv_index_translator, 1
-        updater.update = updater.update_single_wrapper
-        setattr(b, "indices_updater_" + ("decode" if "Decode" in name else "prefill"), updater)
+    g.flashinfer_updaters(module, b, pool, kv_index_translator=b.kv_index_translator, page_size=1)
     return b
 
 
