@@ -28,6 +28,7 @@ Prints one row per release saying what ran, what was skipped and why; exits 1 on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -39,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_dsa_fix import classify, release, source_patch
+from sglang_dsa_fix import classify, release, sites, source_patch
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
@@ -49,11 +50,6 @@ NO_CPU_IMPORT = (
     "CUDA build of several hundred MB (not tried in the CPU environment)"
 )
 NO_UPSTREAM_TEST = "no upstream-form test is written for this release's module layout"
-NOT_DRIVEN = (
-    "0.5.18: the tier's fixed DCP cases fail there (TestDcpRowOverflow.test_both_fixes_hold_it at "
-    "dcp 2 / 4, run 2026-12-02): neither fix holds the allocator page's rounding under decode "
-    "context parallel on 0.5.18, which status says (not protected)"
-)
 FA3_NOT_RUN = "bug #3's CPU tier is driven on 0.5.14 (the base), 0.5.17 and 0.5.23"
 WATCH_TESTS = "test/test_watch.py::TestDsaReplay test/test_watch.py::TestSwitchAndSites"
 UPSTREAM = REPO / "upstream" / "test" / "registered" / "unit"
@@ -117,19 +113,19 @@ RELEASES = [
     Release("0.5.16", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     # 0.5.17 (the newest release the GPU host's torch 2.11 runs: its bug #2 end-to-end run) and
     # 0.5.23, every tier; 0.5.18 - 0.5.22 between them: the patch tool, the verdicts, the
-    # plugin's decisions on the release's own files and the bug #2 tier (not 0.5.18: NOT_DRIVEN),
-    # and on 0.5.19 (the first release that sizes the row by the allocator page) the DCP case.
+    # plugin's decisions on the release's own files and the bug #2 tier, and the DCP case on
+    # 0.5.18 (the last release whose row misses the allocator page) and 0.5.19 (the first that
+    # sizes the row by it).
     *(
         Release(
             version,
             FIXED_UPSTREAM,
             AFFECTED,
             cpu_tier="bug #1 fixed upstream",
-            row_tier=NOT_DRIVEN if version == "0.5.18" else None,
             fa3_tier=None if every_tier else FA3_NOT_RUN,
             plugin=True,
             resolves=every_tier,
-            dcp_resolves=every_tier or version == "0.5.19",
+            dcp_resolves=every_tier or version in ("0.5.18", "0.5.19"),
             minimax=AFFECTED if version == "0.5.23" else NOT_APPLICABLE,
         )
         for version in ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
@@ -241,6 +237,42 @@ def check_patch_tool(row: Row, case: Release, tree) -> None:
         row.add("apply again changes nothing", {p: sha(p) for p in files} == once)
         source_patch.revert(copy)
         row.add("revert restores every sha256", {p: sha(p) for p in files} == before)
+        row_state = states[Bug.ROW_OVERFLOW]
+        if row_state.site is not None and row_state.site.comment[: len(sites.ROUNDED_ROW_COMMENT)] == (
+            sites.ROUNDED_ROW_COMMENT
+        ):
+            check_older_row_form(row, tmp, row_state.site)
+
+
+def check_older_row_form(row: Row, tmp: str, site) -> None:
+    """0.5.16 - 0.5.18: a file carrying the reservation-only change an older sglang-dsa-fix applied
+    there (0.3 on 0.5.16 - 0.5.17, 0.4 on 0.5.18; with its backup) reads as fixed in tree in an
+    older form; revert restores sglang's bytes, and apply then writes the allocator page's form."""
+    variable = site.found.removeprefix("return ")
+    call = "server_args" if "(server_args)" in site.replacement else ""
+    older = dataclasses.replace(
+        site,
+        comment=sites.row_comment(),
+        replacement=f"{variable} = max({variable}, {release.RESERVE_FUNCTION}({call}))",
+    ).patched_bytes()
+    backup = site.path.with_name(site.path.name + trees.BACKUP_SUFFIX)
+    backup.write_bytes(site.data)
+    site.path.write_bytes(older)
+    state = {s.bug: s for s in classify.check(trees.find_tree(tmp))}[Bug.ROW_OVERFLOW]
+    row.add(
+        "an older form of the row change: fixed in tree, older",
+        (state.verdict, state.site.legacy) == (Verdict.FIXED_IN_TREE, True),
+        f"{state.verdict.value}, legacy {state.site.legacy}",
+    )
+    source_patch.revert(trees.find_tree(tmp))
+    restored = site.path.read_bytes() == site.data and not backup.exists()
+    source_patch.apply(trees.find_tree(tmp))
+    row.add(
+        "... revert restores sglang's bytes, apply writes the allocator page's form",
+        restored and site.path.read_bytes() == site.patched_bytes(),
+        f"restored {restored}",
+    )
+    source_patch.revert(trees.find_tree(tmp))
 
 
 def run_pytest(row: Row, name: str, site: Path | None, target: str, full: bool) -> None:

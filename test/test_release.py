@@ -96,6 +96,12 @@ class TestRowRule(unittest.TestCase):
         self.assertEqual(width.alloc_page_size(SimpleNamespace(page_size=64, dcp_size=2)), 128)
         self.assertEqual(width.alloc_page_size(SimpleNamespace(page_size=64)), 64)
         self.assertEqual(width.alloc_page_size(None), 1)
+        # The runtime-context reading (0.5.18's in-tree change, the plugin there): the same rule.
+        schedule, parallel = SimpleNamespace(page_size=64), SimpleNamespace(attn_dcp_size=2)
+        self.assertEqual(width.alloc_page_in_context(lambda: schedule, lambda: parallel), 128)
+        for reads in width.ALLOC_PAGE_READS:
+            with self.subTest(reads=reads):
+                self.assertEqual(width.alloc_page_source(reads).count(" * "), 1)
 
 
 if __name__ == "__main__":

@@ -111,8 +111,8 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
         )
         if site.legacy:
             detail = (
-                "an older sglang-dsa-fix form of this change (0.2: headroom reserve - margin; 0.3 on "
-                "0.5.16 - 0.5.17: without the allocator page's rounding): run `sglang-dsa-fix revert` "
+                "an older sglang-dsa-fix form of this change (0.2: headroom reserve - margin; 0.3 on 0.5.16 - "
+                "0.5.17, 0.4 on 0.5.18: without the allocator page's rounding): run `sglang-dsa-fix revert` "
                 "then `apply` to hold the whole reservation"
             )
         return BugState(bug, verdict, site, original, stale, detail)

@@ -40,17 +40,21 @@ def row_extra_fix(module_name: str):
 
 def _alloc_page(module, args, kwargs) -> int:
     """The allocator page the release's prepare rounds ``nxt`` up to: sglang's own
-    ``get_alloc_page_size()`` where it has one (0.5.19+, page x attn_dcp_size); from the server
-    args where the sizing module is allocation_sizing (0.5.16 - 0.5.17 round by the allocator's
-    page, page x dcp_size under DCP); 1 before (0.5.13 - 0.5.15, mem_cache/common.py: no rounding).
-    0.5.18's sizing takes no argument and has no ``get_alloc_page_size``: 1 there, so under decode
-    context parallel this fix holds the reservation without the page's rounding (not yet covered)."""
+    ``get_alloc_page_size()`` where it has one (0.5.19+, page x attn_dcp_size); where the sizing
+    module is allocation_sizing without it, the allocator's page (page x dcp_size under DCP) from
+    the server args the sizing function is called with (0.5.16 - 0.5.17) or, called with none,
+    from sglang's runtime context (0.5.18); 1 before (0.5.13 - 0.5.15, mem_cache/common.py: no
+    rounding)."""
     own = getattr(module, "get_alloc_page_size", None)
     if own is not None:
         return int(own(*args, **kwargs))
     if not module.__name__.endswith("allocation_sizing"):
         return 1
-    return width.alloc_page_size(args[0] if args else kwargs.get("server_args"))
+    if args or "server_args" in kwargs:
+        return width.alloc_page_size(args[0] if args else kwargs["server_args"])
+    from sglang.srt.runtime_context import get_parallel, get_schedule
+
+    return width.alloc_page_in_context(get_schedule, get_parallel)
 
 
 def sizing_module():
@@ -70,27 +74,39 @@ def sizing_module():
 @contextlib.contextmanager
 def dcp_group_widths(dcp_size: int):
     """The decode-context-parallel widths a server's process groups give, where no group is built
-    (the resolution child, the CPU driver). 0.5.19 reads ``attn_dcp_size`` from a stamp that
-    ``initialize_model_parallel`` takes when it builds the groups (0.5.19
-    distributed/parallel_state.py:2517-2525, :2737; runtime_context.py:181 ``dcp_size if
-    dcp_enabled else 1``, the DCP group existing iff dcp_size > 1), else from the live group;
-    without either, the server's allocator page (``get_alloc_page_size``) is not what a CPU
-    process computes. Stamped here the same way and cleared after; a no-op on releases that
-    derive the width from the configuration (0.5.20+) or have no stamp (before 0.5.19)."""
+    (the resolution child, the CPU driver): without them a CPU process computes the allocator
+    page as 1 x page_size where the server pages page_size x dcp_size. Held for the block and
+    restored after, the way each release lets a test set them:
+    - 0.5.19 reads ``attn_dcp_size`` from a stamp that ``initialize_model_parallel`` takes when
+      it builds the groups (0.5.19 distributed/parallel_state.py:2517-2525, :2737;
+      runtime_context.py:181 ``dcp_size if dcp_enabled else 1``), else from the live group:
+      stamped here the same way, cleared after;
+    - 0.5.20+ derive it from the published configuration (runtime_context ``attn_dcp_size_of``):
+      nothing to do;
+    - 0.5.16 - 0.5.18 read the live group (0.5.18 runtime_context.py:243-256): sglang's own
+      scoped ``ParallelContext.override`` (:157-169) stands in for it.
+    A no-op where the release has no runtime context or no such field (0.5.15 and older)."""
     try:
-        from sglang.srt.runtime_context import get_parallel
+        from sglang.srt import runtime_context
 
-        parallel = get_parallel()
-        stamp, clear = parallel.stamp_derived_widths, parallel.clear_derived_widths
+        parallel = runtime_context.get_parallel()
     except (ImportError, AttributeError, RuntimeError, ValueError):
         yield
         return
     enabled = dcp_size > 1
-    stamp(dcp_enabled=enabled, attn_dcp_size=dcp_size if enabled else 1)
-    try:
+    widths = {"dcp_enabled": enabled, "attn_dcp_size": dcp_size if enabled else 1}
+    if hasattr(parallel, "stamp_derived_widths"):
+        parallel.stamp_derived_widths(**widths)
+        try:
+            yield
+        finally:
+            parallel.clear_derived_widths()
+        return
+    with contextlib.ExitStack() as stack:
+        if not hasattr(runtime_context, "attn_dcp_size_of"):
+            with contextlib.suppress(AttributeError, ValueError):  # no such fields (0.5.15)
+                stack.enter_context(parallel.override(**widths))
         yield
-    finally:
-        clear()
 
 
 def install_page_table_fix(cls):

@@ -58,6 +58,11 @@ ROUNDED_ROW_COMMENT = (
 )
 
 
+# What the 0.5.18 change reads the allocator page with, imported where it is used (as that module
+# imports SpeculativeAlgorithm, allocation_sizing.py:27).
+CONTEXT_IMPORT = "from sglang.srt.runtime_context import get_parallel"
+
+
 # The first comment line of the margin form (sglang-dsa-fix 0.2: ``reserve - margin``).
 LEGACY_ROW_COMMENT = "# Hold the spec-v2 decode reservation: it writes this row up to kv_committed_len +"
 
@@ -253,14 +258,17 @@ def row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[Site]:
     call_args = "server_args" if "server_args" in params else ""
     reserve_only = f"{variable} = max({variable}, {release.RESERVE_FUNCTION}({call_args}))"
     comment, replacement, older = row_comment(), reserve_only, ()
-    if call_args and path.name == "allocation_sizing.py" and "get_alloc_page_size" not in functions:
-        # 0.5.16 - 0.5.17 round nxt up to the allocator's page but size by page_size alone
-        # (width.row_extra_floor). The reservation-only form of sglang-dsa-fix 0.3 is older.
+    if path.name == "allocation_sizing.py" and "get_alloc_page_size" not in functions:
+        # 0.5.16 - 0.5.18 round nxt up to the allocator's page but size by page_size alone
+        # (width.row_extra_floor): the allocator page read where the function reads its
+        # configuration, the server args (0.5.16 - 0.5.17) or the runtime context (0.5.18, whose
+        # module does not import get_parallel). The reservation-only form (sglang-dsa-fix 0.3;
+        # 0.4 on 0.5.18) is older.
         comment, older = ROUNDED_ROW_COMMENT, ((row_comment(), reserve_only),)
-        replacement = (
-            f"{variable} = max({variable}, {release.RESERVE_FUNCTION}(server_args) + "
-            f"{width.ALLOC_PAGE_SOURCE} - 1)"
-        )
+        page = width.alloc_page_source("server_args" if call_args else "runtime_context")
+        if not call_args:
+            comment += (CONTEXT_IMPORT,)
+        replacement = f"{variable} = max({variable}, {release.RESERVE_FUNCTION}({call_args}) + {page} - 1)"
     site = _row_statement_before(path, data, last, comment, replacement, f"return {variable}", older=older)
     gates = _reserve_gates(function, variable)
     if site.patched_here:
@@ -283,7 +291,7 @@ def row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[Site]:
         else f"at page 1 only: topk 1 from D {margin + 5} (D - {margin + 4} columns), topk > 1, "
         "NGRAM at its defaults"
     )
-    if older:  # 0.5.16 - 0.5.17: the row misses the allocator page's rounding under DCP
+    if older:  # 0.5.16 - 0.5.18: the row misses the allocator page's rounding under DCP
         when += "; at any page size with decode context parallel (--dcp-size > 1)"
     return dataclasses.replace(site, affected_when=when)
 

@@ -266,22 +266,47 @@ def row_extra_floor(reserve: int, alloc_page: int = 1) -> int:
 
 
 # The token allocator's page, which the prepare rounds ``nxt`` up to: ``page_size x dcp_size``
-# under decode context parallel (0.5.17 mem_cache/kv_cache_builder.py:212). Written once, as
-# source: the in-tree change writes this text into sglang's own sizing function (where the release
-# has no ``get_alloc_page_size`` of its own), and ``alloc_page_size`` evaluates the same text for
-# the plugin and for status.
-ALLOC_PAGE_SOURCE = 'server_args.page_size * getattr(server_args, "dcp_size", 1)'
-_ALLOC_PAGE_CODE = compile(ALLOC_PAGE_SOURCE, "<alloc page>", "eval")
+# under decode context parallel (0.5.17 mem_cache/kv_cache_builder.py:212; 0.5.18
+# mem_cache/kv_cache_configurator.py:1713-1716). Written once, as source, over the two places a
+# release reads that configuration from: the server args (0.5.16 - 0.5.17 pass them to the
+# sizing function) or the runtime context (0.5.18 reads it, no argument; 0.5.19's own
+# get_alloc_page_size is this expression, allocation_sizing.py:11-14). The in-tree change writes
+# this text into sglang's sizing function where the release has no get_alloc_page_size; the
+# plugin and status evaluate the same text (``alloc_page_size``, ``alloc_page_in_context``).
+ALLOC_PAGE_RULE = "{page_size} * {dcp_size}"
+ALLOC_PAGE_READS = {
+    "server_args": ("server_args.page_size", 'getattr(server_args, "dcp_size", 1)'),
+    "runtime_context": ("get_schedule().page_size", "get_parallel().attn_dcp_size"),
+}
+
+
+def alloc_page_source(reads: str) -> str:
+    """``ALLOC_PAGE_RULE`` as source reading its fields from ``reads`` (a key of ``ALLOC_PAGE_READS``)."""
+    page_size, dcp_size = ALLOC_PAGE_READS[reads]
+    return ALLOC_PAGE_RULE.format(page_size=page_size, dcp_size=dcp_size)
+
+
+_ALLOC_PAGE_CODE = {
+    reads: compile(alloc_page_source(reads), "<alloc page>", "eval") for reads in ALLOC_PAGE_READS
+}
 
 
 def alloc_page_size(server_args) -> int:
-    """``ALLOC_PAGE_SOURCE`` for anything with sglang's ``page_size`` (and ``dcp_size``) fields;
+    """The allocator page for anything with sglang's ``page_size`` (and ``dcp_size``) fields;
     an unset field counts as 1."""
     fields = SimpleNamespace(
         page_size=getattr(server_args, "page_size", None) or 1,
         dcp_size=getattr(server_args, "dcp_size", None) or 1,
     )
-    return int(eval(_ALLOC_PAGE_CODE, {"__builtins__": {"getattr": getattr}}, {"server_args": fields}))
+    scope = {"__builtins__": {"getattr": getattr}}
+    return int(eval(_ALLOC_PAGE_CODE["server_args"], scope, {"server_args": fields}))
+
+
+def alloc_page_in_context(get_schedule, get_parallel) -> int:
+    """The allocator page as a release that reads sglang's runtime context computes it, given
+    that module's ``get_schedule`` and ``get_parallel``."""
+    scope = {"__builtins__": {}, "get_schedule": get_schedule, "get_parallel": get_parallel}
+    return int(eval(_ALLOC_PAGE_CODE["runtime_context"], scope))
 
 
 def row_overflow_columns(form: Form, shape: SpecShape) -> int:

@@ -238,7 +238,8 @@ class TestDcpRowOverflow(CustomTestCase):
     the row with page_size - 1 only; 0.5.19+ size it by get_alloc_page_size() (0.5.19
     mem_cache/allocation_sizing.py:11-14, :90-95). DSA's page 64 with dcp 2, EAGLE D 4: the
     pristine row of 0.5.16 - 0.5.18 is short by the rule's count (57 columns at context 256);
-    0.5.19+'s is not; both fixes hold it on every release that passes server_args."""
+    0.5.19+'s is not; both fixes hold it on every release (0.5.18: the page from the runtime
+    context, under sglang's own ParallelContext.override standing in for the DCP group)."""
 
     def case(self, dcp: int):
         return row_overflow.RowCase(256, 4, 64, True, 100, dcp_size=dcp)
