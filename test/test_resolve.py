@@ -215,10 +215,10 @@ class TestResolvedBySglang(unittest.TestCase):
         self.assertEqual(page_table["at_configuration"]["graph_page_table_width"], 522)
         self.assertEqual((page_table["state"], rc), ("not_reachable", 0))
 
-    def llama_eagle(self, backend: str, page: int, extra=()):
+    def llama_eagle(self, backend: str, page: int, extra=(), launch=()):
         """status of tiny Llama with itself as EAGLE draft (3 / 1 / 4, context 512) on ``backend``."""
         model = str(self.model)
-        args = ("--attention-backend", backend, "--page-size", str(page), *eagle(3, 4))
+        args = ("--attention-backend", backend, "--page-size", str(page), *eagle(3, 4), *launch)
         return self.status("--model-path", model, "--speculative-draft-model-path", model, *args, extra=extra)
 
     def test_fa3_deployment_judges_bug_3(self):
@@ -265,6 +265,21 @@ class TestResolvedBySglang(unittest.TestCase):
         self.assertEqual((at["reachable"], at["reachable_with_fix"]), (True, False))
         self.assertEqual((triton["state"], rc), ("affected", 1))
         self.assertEqual(self.bug(report, "fa3_page_table")["state"], "not_reachable")
+
+    def test_triton_without_cuda_graphs_judges_its_eager_draft_buffer(self):
+        # CUDA graphs disabled: the graph buffers are gone, but the eager draft decode sizes its
+        # kv_indices per batch from context_len, so a lone request at 512 writes 515 into 512
+        # (test_graph_tables_flat_buffers.py drives it); no verify mask is sized from C there.
+        rc, report, _ = self.llama_eagle("triton", 1, launch=("--disable-cuda-graph",))
+        triton = self.bug(report, "triton_kv_indices")
+        at = triton["at_configuration"]
+        self.assertEqual((at["draft_kv_indices_needed"], at["draft_kv_indices_per_request"]), (515, 512))
+        self.assertNotIn("verify_mask_cells_needed", at)
+        self.assertEqual((at["reachable"], at["reachable_with_fix"]), (True, False))
+        self.assertEqual((triton["state"], rc), ("affected", 1))
+        self.assertIn(
+            "CUDA graphs disabled", self.bug(report, "fa3_page_table")["at_configuration"]["why_not"]
+        )
 
     @unittest.skipUnless(
         os.environ.get("SGLANG_DSA_FIX_FULL") == "1", "make test-full (a slow resolution case)"

@@ -176,11 +176,15 @@ def _at_configuration_lines(bug: dict) -> list:
         return [f"  at this configuration: cannot tell ({at['cannot_tell']})"]
     if "draft_kv_indices_needed" in at:  # Triton's flat buffers
         verdict = "they read (and write) past the buffers" if at["reachable"] else "they fit"
+        mask = (
+            f" and the verify needs {at['verify_mask_cells_needed']} mask cells per request of "
+            f"{at['verify_mask_cells_per_request']}"
+            if "verify_mask_cells_needed" in at
+            else ""
+        )
         return [
             f"  {where}: with {at['when']}, the draft decode writes {at['draft_kv_indices_needed']} "
-            f"kv_indices per request into {at['draft_kv_indices_per_request']} and the verify needs "
-            f"{at['verify_mask_cells_needed']} mask cells per request of {at['verify_mask_cells_per_request']} "
-            f"({at['from']}) -> {verdict}"
+            f"kv_indices per request into {at['draft_kv_indices_per_request']}{mask} ({at['from']}) -> {verdict}"
         ]
     if "graph_page_table_pages" in at:  # bug #3 and its relatives
         verdict = (

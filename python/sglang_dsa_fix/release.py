@@ -145,6 +145,9 @@ class GraphTableLayout:
     # "row": the longest request reads past its row of the table; "batch": flat buffers sized
     # per request, outgrown when every request of the largest batch is near the limit.
     reach: str = "row"
+    # Where the eager path (CUDA graphs disabled) sizes the same buffer from context_len per
+    # batch, in words; "" where only the graph buffers are: disabling graphs then avoids it.
+    eager: str = ""
 
     @property
     def relative_path(self) -> str:
@@ -217,6 +220,8 @@ GRAPH_TABLE_LAYOUTS = (
         ),
         ("triton",),
         reach="batch",
+        eager="the eager draft decode's kv_indices, batch_size x topk x context_len "
+        "(TritonMultiStepDraftBackend.init_forward_metadata)",
     ),
 )
 

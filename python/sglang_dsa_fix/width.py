@@ -398,6 +398,7 @@ def configuration_inputs(resolved: dict) -> dict:
         "resolved": resolved.get("basis") == "sglang",
         "page_size": config.get("page_size") or 1,
         "topk": config.get("speculative_eagle_topk") or 1,
+        "cuda_graphs_disabled": bool(config.get("disable_cuda_graph")),
     }
     prepare = release.DECODE_PREPARE.get("NONE" if not algorithm else str(algorithm).upper(), "unknown")
     inputs["preclaims_bonus"] = prepare != release.DFLASH_PREPARE
@@ -446,10 +447,13 @@ def graph_table_not_reachable(layout, resolved: dict, config: dict, backend, ver
         )
     if not config.get("speculative_algorithm"):
         return "no speculative decoding"
+    draft = config.get("speculative_draft_attention_backend") or backend
     if config.get("disable_cuda_graph"):
-        return "CUDA graphs disabled"
+        if not layout.eager:
+            return "CUDA graphs disabled"
+        if draft not in layout.backends:  # eager, only the draft decode's buffer is sized from C
+            return f"CUDA graphs disabled and draft attention backend {draft}: not {layout.name}"
     if layout.backends:
-        draft = config.get("speculative_draft_attention_backend") or backend
         if not {verify, backend, draft} & set(layout.backends):
             return (
                 f"verify / decode / draft attention backend {verify} / {backend} / {draft}: not {layout.name}"
@@ -555,6 +559,21 @@ def flat_buffers_at(verdict, found: str, inputs: dict) -> dict:
     per_token = (lambda width: width + D) if "max_context_len=" in found else (lambda width: width)
     now = C + inputs["row_extra"] if fixed else C  # the tree's own row, as fa3_at reads it
     draft, mask = s + D - 1, D * (s + D)
+    if inputs["cuda_graphs_disabled"]:
+        # Eager: the draft decode sizes its kv_indices per batch from C (0.5.14
+        # triton_backend.py:1507, 0.5.23 :2718), a lone request's row of C entries, so one
+        # request at s writes s + D - 1 (test_graph_tables_flat_buffers.py drives it); the
+        # verify's mask is built per batch, not from C.
+        return {
+            "draft_kv_indices_per_request": now,
+            "draft_kv_indices_needed": draft,
+            "from": "static rule: Triton's eager draft width expression over "
+            + ("req_to_token's width" if fixed else "context_len"),
+            "reachable_with_fix": draft > row,
+            "reachable": draft > now,
+            "when": f"a request at seq_len {s} (CUDA graphs disabled: the eager draft decode's buffer is "
+            "sized per batch, so a lone request reaches it)",
+        }
     return {
         "draft_kv_indices_per_request": now,
         "draft_kv_indices_needed": draft,

@@ -270,6 +270,29 @@ def run_draft(backend: str, D: int, seq_lens: list, row_wide: bool = False, fixe
     )
 
 
+def run_draft_eager(D: int, seq_lens: list, fixed: bool = False) -> dict:
+    """The multi-step draft backend with CUDA graphs disabled: its own ``init_forward_metadata``
+    (0.5.14 triton_backend.py:1505-1520, 0.5.23 :2717-2760) allocates ``[num_steps,
+    draft_kv_indices_buffer_width(batch_size, topk, C)]`` for the batch as it runs; that
+    allocation is ``guarded`` (the module's torch.empty answers it), the rest as the release does."""
+    pool = o.pool_for(C, D, 1)
+    m = triton_draft(pool, D, fixed)
+    made = []
+
+    class _EagerTorch(o._HostTorch):
+        @staticmethod
+        def empty(shape, dtype=None, device=None):
+            if isinstance(shape, tuple) and len(shape) == 2 and dtype == torch.int64:
+                made.append(g.guarded(shape, SENTINEL, dtype))
+                return made[-1]
+            return torch.empty(shape, dtype=dtype, device="cpu")
+
+    with o.parallel_defaults(), g.patched(TRITON, torch=_EagerTorch()):
+        m.init_forward_metadata(draft_batch(seq_lens))
+    (buffer,) = made
+    return dict(width=int(buffer.shape[1]), written_past=int((g.past_the_end(buffer) != SENTINEL).sum()))
+
+
 class TestTritonFlat(unittest.TestCase):
     """Target verify: kv_indices gets the prefix only, sum(s) (0.5.14 :335-353, :386-410), of a
     max_bs * D * C buffer: fits. Its custom mask is D * (s + D) per request. Draft decode:
@@ -369,6 +392,19 @@ class TestTritonFlat(unittest.TestCase):
                 self.assertLessEqual(m["mask_read"], m["mask_cells"])
                 self.assertTrue(m["kv_right"])
                 self.assertEqual(m["kv_written_past"], 0)
+
+    def test_eager_draft_decode_lone_request_writes_past_the_end(self):
+        # CUDA graphs disabled: the buffer is sized for the batch as it runs, so one request at
+        # the longest verify's seq_len s writes s + D - 1 entries into a row of C; its last step's
+        # tail lands past the buffer (3 at D 4, 11 at D 8). The fix (as the plugin runs it) sizes
+        # the row from req_to_token: nothing past it. Fails if either is removed.
+        for D in DRAFTS:
+            s = o.longest(C, D)
+            with self.subTest(D=D):
+                m = run_draft_eager(D, [s])
+                self.assertEqual((m["width"], m["written_past"]), (C, s + D - 1 - C))
+                fixed = run_draft_eager(D, [s], fixed=True)
+                self.assertEqual((fixed["width"], fixed["written_past"]), (row_of(o.pool_for(C, D, 1)), 0))
 
     def test_row_wide_and_fixed_draft_buffers_take_every_row(self):
         # row_wide: the control; fixed: the fix as the plugin runs it (fails if it is removed).
