@@ -302,6 +302,30 @@ class TestHookStates(unittest.TestCase):
         ):
             plugin.refresh_hook_states()
             self.assertEqual(plugin.STATE["bugs"]["page_table"]["hook"], "applied")
+        # A relative's fix replaces several methods: one that sglang did not apply makes it
+        # failed even after another ran (that one runs sglang's own width).
+        replaced = {
+            "triton_kv_indices": {
+                "state": "protected_by_plugin",
+                "hook": "applied",
+                "target": "m.A.f",
+                "targets": ["m.A.f", "m.B.g"],
+                "calls": 3,
+            }
+        }
+        for applied, expected in (({"m.A.f"}, ("affected", "failed")), ({"m.A.f", "m.B.g"}, None)):
+            with (
+                self.subTest(applied=sorted(applied)),
+                mock.patch.dict(plugin.STATE, {"bugs": copy.deepcopy(replaced)}),
+                mock.patch.object(HookRegistry, "_patched", applied),
+            ):
+                plugin.refresh_hook_states()
+                info = plugin.STATE["bugs"]["triton_kv_indices"]
+                self.assertEqual(
+                    (info["state"], info["hook"]), expected or ("protected_by_plugin", "applied")
+                )
+                if expected:
+                    self.assertIn("m.B.g", info["detail"])
 
     def test_a_module_that_does_not_import_here_is_not_reached(self):
         # sglang imports the same module to run that code: where it cannot, the bug is not

@@ -196,19 +196,21 @@ def _resolve(target: str):
         raise
 
 
-def _register_replacements(registry, hook_type, plan: Plan) -> None:
+def _register_replacements(registry, hook_type, plan: Plan) -> list:
     """Bug #3's relatives: each method the in-tree change edits, compiled with the change
     (``live_edit``), registered as a REPLACE hook (sglang's HookRegistry applies REPLACE first,
     so AROUND / AFTER hooks, the watch's too, wrap it). Everything is compiled before anything
-    is registered: a refusal leaves sglang untouched."""
+    is registered: a refusal leaves sglang untouched. Returns the hooks' targets."""
     from sglang_dsa_fix import live_edit
 
     layout = graph_tables.LAYOUTS[plan.bug]
     module = importlib.import_module(layout.module)
     functions = live_edit.patched_methods(plan.replace, module)
+    targets = []
     for (class_name, name), function in functions.items():
-        target = f"{layout.module}.{class_name}.{name}"
-        registry.register(target, _replacing(plan.bug, function), hook_type.REPLACE)
+        targets.append(f"{layout.module}.{class_name}.{name}")
+        registry.register(targets[-1], _replacing(plan.bug, function), hook_type.REPLACE)
+    return targets
 
 
 def _replacing(bug: Bug, function):
@@ -243,14 +245,21 @@ def refresh_hook_states() -> None:
     patched = getattr(HookRegistry, "_patched", None)
     for info in STATE["bugs"].values():
         target = info.get("target")
-        if target is None or info.get("calls") or info["hook"] != Hook.INSTALLED.value:
+        if target is None or info["hook"] not in (Hook.INSTALLED.value, Hook.APPLIED.value):
             continue
-        if patched is not None and target not in patched:
+        # Every method a relative's fix replaces must be in place, whether one of them ran or not:
+        # one left out runs sglang's own width. A single hook that ran was applied.
+        missing = [t for t in info.get("targets", []) if patched is not None and t not in patched]
+        if not missing and not info.get("calls") and patched is not None and target not in patched:
+            missing = [target]
+        if missing:
             info.update(
                 state=State.AFFECTED.token,
                 hook=Hook.FAILED.value,
-                detail=f"sglang's HookRegistry did not apply the hook on {target}; see its log",
+                detail=f"sglang's HookRegistry did not apply the hook on {', '.join(missing)}; see its log",
             )
+        elif info.get("calls") or info["hook"] != Hook.INSTALLED.value:
+            continue
         else:
             info.update(
                 state=State.NOT_REACHABLE.token,
@@ -366,8 +375,9 @@ def register() -> None:
             continue
         try:
             _resolve(plan.target)  # sglang resolves it the same way when applying
+            targets = {}
             if plan.replace is not None:
-                _register_replacements(HookRegistry, HookType, plan)
+                targets["targets"] = _register_replacements(HookRegistry, HookType, plan)
             else:
                 HookRegistry.register(plan.target, _guarded(plan.bug, plan.body), HookType.AFTER)
         except ImportError as exc:
@@ -381,7 +391,7 @@ def register() -> None:
             _set(plan.bug, State.AFFECTED, Hook.UNSUPPORTED, detail)
             logger.warning("sglang-dsa-fix: cannot hook %s (%s: %s)", plan.target, type(exc).__name__, exc)
             continue
-        _set(plan.bug, plan.state, plan.hook, plan.detail, target=plan.target)
+        _set(plan.bug, plan.state, plan.hook, plan.detail, target=plan.target, **targets)
     if watch.enabled():  # opt-in (SGLANG_DSA_FIX_WATCH), independent of the fixes and the kill switch
         try:
             for target, hook_type, hook in watch.hooks(sglang):
