@@ -26,9 +26,8 @@ from typing import Optional
 
 from sglang_dsa_fix import release
 from sglang_dsa_fix.errors import ToolError
-from sglang_dsa_fix.tree import SglangTree
+from sglang_dsa_fix.tree import BACKUP_SUFFIX, SglangTree
 
-BACKUP_SUFFIX = ".sglang-dsa-fix.orig"
 LOCK_TIMEOUT_S = 30.0
 PYC_HEADER_BYTES = 16  # PEP 552: magic, flags, then the source hash (or mtime and size)
 
