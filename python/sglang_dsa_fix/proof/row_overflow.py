@@ -7,6 +7,8 @@ the disabled tree cache (``ChunkCache``; from 0.5.22 a disabled ``UnifiedRadixCa
 (its KV bookkeeping moving into ``Req.kv`` over 0.5.16 - 0.5.19), ``ScheduleBatch``, the
 published server args (0.5.17+ through sglang's scoped test override), the spec-v2 prepare (0.5.13 / 0.5.14
 ``EagleDraftInputV2Mixin.prepare_for_decode``, 0.5.15+ ``eagle_utils.eagle_prepare_for_decode``)
+(DFLASH / DSPARK: ``DFlashDraftInputV2.prepare_for_decode``; FROZEN_KV_MTP and UNO through
+sglang's own ``ScheduleBatch.prepare_for_decode`` dispatch, with the prepare that ran recorded)
 with its Triton kernel ``assign_req_to_token_pool`` (0.5.16+ called from
 ``mem_cache/allocation.py``; run on CPU by Triton's interpreter:
 ``TRITON_INTERPRET=1`` must be set before triton is imported), and ``release_kv_cache``.
@@ -97,6 +99,8 @@ class RowResult:
     # (seq_len, kv_allocated_len) of each target_verify: what it runs with, and the row columns the
     # real prepare before it had reserved (its draft KV goes to [seq_len, seq_len + D)).
     verifies: list = field(default_factory=list, repr=False)
+    # The decode prepares sglang ran (release.EAGLE_PREPARE, DFLASH_PREPARE, UNO_PREPARE).
+    prepares_run: frozenset = frozenset()
 
     @property
     def longest_verify_seq_len(self) -> Optional[int]:
@@ -139,6 +143,7 @@ def server_args_for(case: RowCase) -> SimpleNamespace:
         page_size=case.page_size,
         dcp_size=case.dcp_size,
         strip_thinking_cache=False,
+        speculative_use_rejection_sampling=False,  # read by EagleDraftInput.create_idle_input
         attention_backend="dsa",  # any CUDA backend: get_last_loc takes its Triton kernel
         enable_mamba_extra_buffer=lambda: False,
         enable_mamba_extra_buffer_lazy=lambda: False,
@@ -179,6 +184,77 @@ def global_server_args(server_args):
         yield real
 
 
+# FROZEN_KV_MTP and UNO run through sglang's own decode entry (below): no draft input or call
+# of their own is written here, so what runs is what the release dispatches to.
+DISPATCHED = ("FROZEN_KV_MTP", "UNO")
+
+
+def _draft_input(case: RowCase):
+    """The draft input the algorithm's spec-v2 worker leaves on the batch between decode steps.
+
+    FROZEN_KV_MTP: the worker's idle seed, a ``FrozenKVMTPDraftInput`` (an ``EagleDraftInput``,
+    0.5.14 - 0.5.23 speculative/frozen_kv_mtp_info.py:44; built as 0.5.23
+    frozen_kv_mtp_worker_v2.py:418-425 builds it, hidden size 1 here: the prepare reads no
+    hidden state). UNO: a ``UnoDraftInput`` with one seed token and frontier per request, as
+    its prefill leaves it (0.5.23 speculative/uno_worker_v2.py:429-433; linear UNO's forward
+    width is speculative_num_draft_tokens, :86-91)."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    if case.algorithm.upper() == "UNO":
+        from sglang.srt.speculative.uno_info import UnoDraftInput
+
+        return UnoDraftInput(
+            bonus_tokens=torch.zeros(1, dtype=torch.int64, device=case.device),
+            new_seq_lens=torch.tensor([case.prompt_len], dtype=torch.int64, device=case.device),
+            forward_width=case.num_draft_tokens,
+        )
+    from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPDraftInput
+
+    return FrozenKVMTPDraftInput.create_idle_input(
+        device=case.device,
+        hidden_size=1,
+        dtype=torch.bfloat16,
+        topk=case.topk,
+        capture_hidden_mode=CaptureHiddenMode.LAST,
+    )
+
+
+def runs_spec_v2(algorithm: str) -> bool:
+    """Whether this sglang registers ``algorithm`` and runs it on spec v2: up to 0.5.13
+    ``SpeculativeAlgorithm.supports_spec_v2`` says (0.5.13 speculative/spec_info.py:148-149: not
+    FROZEN_KV_MTP); 0.5.14+ drop it and run every algorithm on spec v2."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    member = getattr(SpeculativeAlgorithm, algorithm.upper(), None)
+    if member is None:
+        return False
+    return member.supports_spec_v2() if hasattr(member, "supports_spec_v2") else True
+
+
+def _dispatched_prepare(case: RowCase):
+    """sglang's own ``ScheduleBatch.prepare_for_decode`` on a batch carrying the algorithm's
+    ``SpeculativeAlgorithm`` member and draft input: the dispatch the scheduler runs. 0.5.14 calls
+    the draft input's own ``prepare_for_decode`` (managers/schedule_batch.py:2617-2622; for
+    FrozenKVMTPDraftInput that is EagleDraftInputV2Mixin's, speculative/eagle_info_v2.py:30);
+    0.5.15+ call ``spec_utils.spec_prepare_for_decode``, which sends the DFLASH family and UNO
+    (0.5.20+) to the draft input's method and every other algorithm to
+    ``eagle_utils.eagle_prepare_for_decode`` (0.5.15 spec_utils.py:676-685, 0.5.20 :1081-1102,
+    0.5.23 :1249-1270). 0.5.12 / 0.5.13 run FROZEN_KV_MTP on spec v1 only
+    (speculative/spec_info.py 0.5.13:148-149, :178-184): no spec-v2 prepare to drive there."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    if not runs_spec_v2(case.algorithm):
+        raise RuntimeError(f"this sglang runs {case.algorithm} on spec v1 only")
+    algorithm = SpeculativeAlgorithm.from_string(case.algorithm)
+    spec_info = _draft_input(case)
+
+    def prepare(batch):
+        batch.spec_algorithm, batch.spec_info = algorithm, spec_info
+        batch.prepare_for_decode()
+
+    return prepare
+
+
 def _prepare_for_decode(case: RowCase):
     """The release's spec-v2 prepare for this case's algorithm: a callable taking the batch.
 
@@ -186,7 +262,10 @@ def _prepare_for_decode(case: RowCase):
     (speculative/dflash_info_v2.py 0.5.14:131, 0.5.17:113, 0.5.23:114: 2 x block, no row check),
     on the draft input the batch carries, which spec_prepare_for_decode dispatches to (0.5.23
     spec_utils.py:1259-1260); its overlap plan stream is off by default
-    (SGLANG_ENABLE_OVERLAP_PLAN_STREAM). Every other algorithm goes through the EAGLE prepare."""
+    (SGLANG_ENABLE_OVERLAP_PLAN_STREAM). FROZEN_KV_MTP and UNO go through sglang's own dispatch
+    (``_dispatched_prepare``). Every other algorithm goes through the EAGLE prepare."""
+    if case.algorithm.upper() in DISPATCHED:
+        return _dispatched_prepare(case)
     if release.DECODE_PREPARE.get(case.algorithm.upper()) == release.DFLASH_PREPARE:  # DFLASH, DSPARK
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
@@ -254,6 +333,54 @@ class _WriteRecorder:
             for module in holders:
                 stack.enter_context(mock.patch.object(module, "assign_req_to_token_pool_func", self))
             yield
+
+
+# Where each decode prepare of ``release.DECODE_PREPARE`` lives: (module, class or None, name).
+PREPARE_SITES = {
+    release.EAGLE_PREPARE: (
+        ("sglang.srt.speculative.eagle_utils", None, "eagle_prepare_for_decode"),  # 0.5.15+
+        ("sglang.srt.speculative.eagle_info_v2", "EagleDraftInputV2Mixin", "prepare_for_decode"),
+    ),
+    release.DFLASH_PREPARE: (
+        ("sglang.srt.speculative.dflash_info_v2", "DFlashDraftInputV2", "prepare_for_decode"),
+    ),
+    release.UNO_PREPARE: (("sglang.srt.speculative.uno_info", "UnoDraftInput", "prepare_for_decode"),),
+}
+
+
+class _PrepareSpy:
+    """Records which of the release's decode prepares ran (each still runs as it is): the
+    observer that says a dispatched algorithm reached the prepare ``release.DECODE_PREPARE``
+    names. Sites missing from this release are skipped; the EAGLE prepare is looked up at call
+    time by every caller (spec_utils imports it inside the dispatch, a draft input's method
+    resolves through its class), so patching the defining module / class reaches them."""
+
+    def __init__(self):
+        self.ran = set()
+
+    @contextlib.contextmanager
+    def installed(self):
+        from importlib.util import find_spec
+
+        with contextlib.ExitStack() as stack:
+            for label, sites in PREPARE_SITES.items():
+                for module_name, owner_name, name in sites:
+                    if find_spec(module_name) is None:
+                        continue
+                    owner = importlib.import_module(module_name)
+                    owner = getattr(owner, owner_name, None) if owner_name else owner
+                    real = getattr(owner, name, None) if owner is not None else None
+                    if real is None or (owner_name and name not in vars(owner)):
+                        continue
+                    stack.enter_context(mock.patch.object(owner, name, self._wrap(label, real)))
+            yield
+
+    def _wrap(self, label, real):
+        def recorded(*args, **kwargs):
+            self.ran.add(label)
+            return real(*args, **kwargs)
+
+        return recorded
 
 
 def _kv_state(req, field: str):
@@ -368,7 +495,7 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         # (eagle_info_v2.py 0.5.12:174); the value is not read by the reservation.
         batch.seq_lens = torch.tensor([case.prompt_len], dtype=torch.int64, device=case.device)
         batch.sampling_info = SimpleNamespace(penalizer_orchestrator=SimpleNamespace(is_required=False))
-        prepare = _prepare_for_decode(case)
+        spy = _PrepareSpy()
         recorder = _WriteRecorder()
         pending, pre_claims, prepares, last_committed, verifies = None, None, 0, None, []
 
@@ -384,7 +511,8 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
 
         if outputs >= max_new:  # finished by prefill: no decode step at all
             owner.finished_reason = FINISH_LENGTH(max_new)
-        with recorder.installed():
+        with recorder.installed(), spy.installed():
+            prepare = _prepare_for_decode(case)
             while not owner.finished() or pending is not None:
                 if not owner.finished():
                     before = last_committed = committed.kv_committed_len
@@ -419,4 +547,5 @@ def run(case: RowCase, sizing_function=None) -> RowResult:
         prepares,
         recorder.writes,
         verifies,
+        frozenset(spy.ran),
     )
