@@ -368,5 +368,111 @@ class TestEveryAlgorithmHasARule(CustomTestCase):
         self.assertEqual(release.algorithms_without_rule(["EAGLE", "Warp_Drive"]), ["WARP_DRIVE"])
 
 
+def both_fixes(patched) -> dict:
+    """The two fixed sizing functions: the plugin's hook body, and a ``patched_copy``'s."""
+    return {"runtime fix": runtime_fixed_sizing(), "in-tree patch": patched.sizing_function}
+
+
+@sized_by_function
+@unittest.skipUnless(
+    row_overflow.runs_spec_v2("FROZEN_KV_MTP"),
+    "FROZEN_KV_MTP is not registered, or runs on spec v1 only (0.5.12 / 0.5.13 speculative/spec_info.py:148-149)",
+)
+class TestFrozenKvMtpRowOverflow(CustomTestCase):
+    """FROZEN_KV_MTP (0.5.14+ spec v2: FrozenKVMTPWorkerV2 subclasses EAGLEWorkerV2 and reserves
+    nothing itself) through sglang's own ``ScheduleBatch.prepare_for_decode`` dispatch with its
+    real ``FrozenKVMTPDraftInput``: it reaches the EAGLE prepare (``release.DECODE_PREPARE``) and
+    writes past the row exactly as EAGLE's rule says; both fixes keep it inside."""
+
+    def cases(self):
+        for D, page, overlap in itertools.product((8, 9), (1, 64), (True, False)):
+            yield row_overflow.RowCase(
+                256, D, page, overlap, 256 - 2 - (2 * D + 3), algorithm="FROZEN_KV_MTP"
+            )
+
+    def test_pristine_reservation_is_the_eagle_rule(self):
+        overflowing = 0
+        for case in self.cases():
+            with self.subTest(case=case):
+                result = row_overflow.run(case)
+                self.assertEqual(result.prepares_run, {release.decode_prepare("FROZEN_KV_MTP")})
+                expected = width.row_overflow_columns(FORM, shape_of(case))
+                self.assertEqual(result.last_committed, 256 - width.committed_margin(FORM, case.overlap))
+                self.assertEqual((result.columns_past_row_end, result.canary_clobbered), (expected, expected))
+                if case.page_size == 1 and case.num_draft_tokens == 9:
+                    self.assertGreater(expected, 0)  # 0.5.14: 2 (overlap) / 1, 0.5.15+: 1
+                overflowing += expected > 0
+        self.assertGreater(overflowing, 0)
+
+    def test_both_fixes_keep_it_inside_the_row(self):
+        with patched_copy() as patched:
+            for (name, sizing), case in itertools.product(both_fixes(patched).items(), self.cases()):
+                with self.subTest(fix=name, case=case):
+                    result = row_overflow.run(case, sizing)
+                    self.assertTrue(result.clean, result)
+                    self.assertEqual(result.row_extra, width.fixed_row_extra(FORM, shape_of(case)))
+
+
+@sized_by_function
+@unittest.skipUnless(
+    row_overflow.runs_spec_v2("UNO"), "UNO is registered from 0.5.20 (speculative/spec_info.py)"
+)
+class TestUnoRowOverflow(CustomTestCase):
+    """UNO (0.5.20+) through sglang's own dispatch with its real ``UnoDraftInput``: its own
+    prepare (speculative/uno_info.py:81) reserves ``get_alloc_reserve_per_decode()`` = 2 x (D + 1)
+    rounded up to the page (allocation_sizing.py 0.5.20:36-40, :53-58), and the release's row
+    holds it at every page size (:101-104: reserve + page - 1): 0 columns past the row, pristine
+    and fixed. A row too narrow for it is refused, not overwritten (uno_info.py:141-146)."""
+
+    def cases(self):
+        for D, page, overlap in itertools.product((8, 16), (1, 64), (True, False)):
+            yield row_overflow.RowCase(
+                256, D, page, overlap, 256 - 2 - (2 * D + 3), topk=1, num_steps=1, algorithm="UNO"
+            )
+
+    def reserve(self, case) -> int:
+        """sglang's own decode reservation for the case (the rule's input, as status reads it)."""
+        with row_overflow.global_server_args(row_overflow.server_args_for(case)) as published:
+            return SIZING.get_alloc_reserve_per_decode(*row_overflow.sizing_args(published))
+
+    def test_pristine_reservation_against_the_rule(self):
+        for case in self.cases():
+            with self.subTest(case=case):
+                result = row_overflow.run(case)
+                self.assertEqual(result.prepares_run, {release.decode_prepare("UNO")})
+                reserve = self.reserve(case)
+                self.assertEqual(reserve, 2 * (case.num_draft_tokens + 1))
+                need = width.required_row_extra(
+                    reserve, case.page_size, FORM, case.overlap, shape_of(case).preclaims_bonus, 256
+                )
+                self.assertEqual(result.last_committed, 256 - width.committed_margin(FORM, case.overlap))
+                # The last prepare reserves exactly up to the page-rounded committed + reserve.
+                page = case.page_size
+                self.assertEqual(
+                    result.furthest_column + 1, -(-(result.last_committed + reserve) // page) * page
+                )
+                expected = max(0, need - result.row_extra)
+                self.assertEqual((result.columns_past_row_end, result.canary_clobbered), (expected, expected))
+                self.assertEqual(expected, 0)  # the release's row holds it at page 1 and 64
+                self.assertEqual(result.leaked_slots, 0)
+
+    def test_a_row_too_narrow_is_refused(self):
+        # EAGLE's page-1 headroom (4 + D) is 2 columns short of 252 + 2 x 9 at D 8: UNO's own
+        # check raises before it allocates or writes (uno_info.py 0.5.20:141-146, then :167).
+        case = row_overflow.RowCase(256, 8, 1, True, 256 - 2 - 19, topk=1, num_steps=1, algorithm="UNO")
+        with self.assertRaisesRegex(RuntimeError, "UNO allocation exceeds the req_to_token row"):
+            row_overflow.run(case, lambda *args: 4 + 8)
+
+    def test_both_fixes_keep_it_inside_the_row(self):
+        with patched_copy() as patched:
+            for (name, sizing), case in itertools.product(both_fixes(patched).items(), self.cases()):
+                with self.subTest(fix=name, case=case):
+                    result = row_overflow.run(case, sizing)
+                    self.assertTrue(result.clean, result)
+                    self.assertGreaterEqual(
+                        result.row_extra, width.row_extra_floor(self.reserve(case), case.page_size)
+                    )
+
+
 if __name__ == "__main__":
     unittest.main()
