@@ -369,17 +369,24 @@ DECODE_PREPARE = {
     "STANDALONE": EAGLE_PREPARE,
     # 0.5.14+: NgramVerifyInput mixes in EagleDraftInputV2Mixin (0.5.14 ngram_info.py:13).
     "NGRAM": EAGLE_PREPARE,
-    # 0.5.14+: FrozenKVMTPWorkerV2 subclasses EAGLEWorkerV2 and allocates in its prepare
-    # (0.5.23 speculative/frozen_kv_mtp_worker_v2.py:469-470, :698).
+    # 0.5.14+: FrozenKVMTPWorkerV2 subclasses EAGLEWorkerV2 (0.5.23
+    # speculative/frozen_kv_mtp_worker_v2.py:698) and reserves nothing itself (:467-470);
+    # sglang's dispatch sends it to the EAGLE prepare: 0.5.14 managers/schedule_batch.py:2617-2622
+    # calls its FrozenKVMTPDraftInput's (an EagleDraftInput, frozen_kv_mtp_info.py:44), 0.5.15+
+    # spec_utils.spec_prepare_for_decode's else branch (0.5.23 spec_utils.py:1267-1270). The bug #2
+    # CPU tier drives that dispatch (proof/row_overflow.py). 0.5.12 / 0.5.13 run it on spec v1 only
+    # (0.5.13 speculative/spec_info.py:148-149, :178-184): no spec-v2 prepare there.
     "FROZEN_KV_MTP": EAGLE_PREPARE,
     # 0.5.14+ (0.5.14 speculative/dflash_info_v2.py:131; 0.5.23 :142-154).
     "DFLASH": DFLASH_PREPARE,
     # 0.5.16+: DFLASH's family (0.5.16 spec_info.py:118-119); its worker requires a
     # DFlashDraftInputV2 (0.5.23 speculative/dspark_components/dspark_worker_v2.py:35, :969-973).
     "DSPARK": DFLASH_PREPARE,
-    # 0.5.20+: its own prepare (speculative/uno_info.py:81), page-aligned, and the only one that
-    # raises when nxt passes the row (:141-146); its row holds the reservation
-    # (0.5.20 mem_cache/allocation_sizing.py:101-104).
+    # 0.5.20+: its own prepare (speculative/uno_info.py:81, the same through 0.5.23; dispatched by
+    # 0.5.20 spec_utils.py:1093-1098), page-aligned, reserving 2 x (D + 1) (0.5.20
+    # mem_cache/allocation_sizing.py:36-40), and the only one that raises when nxt passes the row
+    # (uno_info.py:141-146); its row holds the reservation (allocation_sizing.py:101-104).
+    # Driven on CPU by the bug #2 tier.
     "UNO": UNO_PREPARE,
 }
 
