@@ -330,6 +330,37 @@ def check_upstream_tests(row: Row, tree, site: Path | None, tests: list) -> None
                 row.add(f"upstream {test.stem}: {label}", proc.returncode == want, last)
 
 
+def check_uno_prove(row: Row, site: Path) -> None:
+    """UNO (its own prepare, which raises before it would pass the row): ``status --prove`` drives
+    it through sglang's own decode dispatch; sglang's sizing holds it (0 columns, agreeing)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = json.loads((REPO / "benchmark" / "tiny_llama_model.json").read_text())
+        config["max_position_embeddings"] = 8192
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        (Path(tmp) / "lora").mkdir()  # sglang requires the flag; resolution does not read it
+        launch = ["--model-path", tmp, "--speculative-algorithm", "UNO", "--uno-lora-path", f"{tmp}/lora"]
+        launch += ["--speculative-num-draft-tokens", "4", "--attention-backend", "fa3", "--device", "cuda"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "sglang_dsa_fix", "status", "--json", "--sglang-root", str(site)]
+            + ["--gpu", "h200", "--prove", "--", *launch],
+            env=env_for(site),
+            capture_output=True,
+            text=True,
+        )
+    try:
+        bug = next(b for b in json.loads(proc.stdout)["bugs"] if b["bug"] == Bug.ROW_OVERFLOW.value)
+        at = bug["at_configuration"]
+        got = (bug["state"], at["columns_past_row_end"], at["measured"]["columns_past_row_end"])
+        got += (at["measured"]["agrees_with_arithmetic"],)
+    except (ValueError, KeyError, StopIteration):
+        got = proc.stderr.strip()[-300:]
+    row.add(
+        "status --prove -- llama h200 UNO 4 (state, columns, measured, agrees)",
+        got == ("not_reachable", 0, 0, True),
+        str(got),
+    )
+
+
 def check_plugin_decisions(row: Row, case: Release, site: Path | None) -> None:
     """What the plugin would do on this release (found, not imported), and status --json."""
     code = (
@@ -564,6 +595,8 @@ def main(argv=None) -> int:
                 row.add(name, True, f"skipped: {reason}")
         if case.resolves:
             check_resolution(row, site)
+            if site is not None and (site / "sglang/srt/speculative/uno_info.py").exists():  # UNO: 0.5.20+
+                check_uno_prove(row, site)
         if case.dcp_resolves:
             check_dcp_resolution(row, site, case.version)
         tests = [test for test, versions in UPSTREAM_TESTS.items() if case.version in versions]

@@ -937,7 +937,7 @@ def _child_result(argv: list) -> dict:
 PROVE_CONTEXT, PROVE_PROMPT = 256, 100
 # The decode prepares the CPU driver runs (``proof.row_overflow``): the spec-v2 EAGLE prepare,
 # and DFLASH's own (DFLASH, DSPARK).
-PROVE_PREPARES = (release.EAGLE_PREPARE, release.DFLASH_PREPARE)
+PROVE_PREPARES = (release.EAGLE_PREPARE, release.DFLASH_PREPARE, release.UNO_PREPARE)
 
 
 def _prove(config: dict, widths: dict) -> dict:
