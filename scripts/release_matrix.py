@@ -90,6 +90,7 @@ class Release:
     row_inline: bool = False  # row sized inline (0.5.9 - 0.5.12): bug #2 in-tree only
     resolves: bool = False  # run `status -- <launch args>` cases (sglang resolves them)
     dcp_resolves: bool = False  # run the decode-context-parallel `status --prove` case
+    spec_v1_case: bool = False  # run the case of an algorithm sglang runs on spec v1 (0.5.13)
 
 
 RELEASES = [
@@ -107,7 +108,7 @@ RELEASES = [
     Release("0.5.10", AFFECTED, AFFECTED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT, row_inline=True),
     Release("0.5.11", AFFECTED, AFFECTED, plugin=True, row_inline=True),
     Release("0.5.12", AFFECTED, AFFECTED, plugin=True, row_inline=True),
-    Release("0.5.13", AFFECTED, AFFECTED, plugin=True),
+    Release("0.5.13", AFFECTED, AFFECTED, plugin=True, spec_v1_case=True),
     Release("0.5.14", AFFECTED, AFFECTED, plugin=True),  # the base environment
     Release("0.5.15", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     Release("0.5.16", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
@@ -330,16 +331,16 @@ def check_upstream_tests(row: Row, tree, site: Path | None, tests: list) -> None
                 row.add(f"upstream {test.stem}: {label}", proc.returncode == want, last)
 
 
-def check_uno_prove(row: Row, site: Path) -> None:
-    """UNO (its own prepare, which raises before it would pass the row): ``status --prove`` drives
-    it through sglang's own decode dispatch; sglang's sizing holds it (0 columns, agreeing)."""
+def status_prove(site: Path, model: str, launch: list) -> tuple:
+    """``status --json --gpu h200 --prove -- --model-path <tiny model> <launch> --device cuda``
+    against the release: (the report, or None, and the process). ``{model}`` in ``launch`` is
+    the model's directory (it holds an empty ``lora/`` too)."""
     with tempfile.TemporaryDirectory() as tmp:
-        config = json.loads((REPO / "benchmark" / "tiny_llama_model.json").read_text())
+        config = json.loads((REPO / "benchmark" / f"tiny_{model}_model.json").read_text())
         config["max_position_embeddings"] = 8192
         (Path(tmp) / "config.json").write_text(json.dumps(config))
-        (Path(tmp) / "lora").mkdir()  # sglang requires the flag; resolution does not read it
-        launch = ["--model-path", tmp, "--speculative-algorithm", "UNO", "--uno-lora-path", f"{tmp}/lora"]
-        launch += ["--speculative-num-draft-tokens", "4", "--attention-backend", "fa3", "--device", "cuda"]
+        (Path(tmp) / "lora").mkdir()
+        launch = ["--model-path", tmp, *(a.format(model=tmp) for a in launch), "--device", "cuda"]
         proc = subprocess.run(
             [sys.executable, "-m", "sglang_dsa_fix", "status", "--json", "--sglang-root", str(site)]
             + ["--gpu", "h200", "--prove", "--", *launch],
@@ -348,15 +349,55 @@ def check_uno_prove(row: Row, site: Path) -> None:
             text=True,
         )
     try:
-        bug = next(b for b in json.loads(proc.stdout)["bugs"] if b["bug"] == Bug.ROW_OVERFLOW.value)
-        at = bug["at_configuration"]
-        got = (bug["state"], at["columns_past_row_end"], at["measured"]["columns_past_row_end"])
+        return json.loads(proc.stdout), proc
+    except ValueError:
+        return None, proc
+
+
+def row_bug(report: dict) -> dict:
+    return next(b for b in report["bugs"] if b["bug"] == Bug.ROW_OVERFLOW.value)
+
+
+def check_uno_prove(row: Row, site: Path) -> None:
+    """UNO (its own prepare, which raises before it would pass the row): ``status --prove`` drives
+    it through sglang's own decode dispatch; sglang's sizing holds it (0 columns, agreeing). The
+    LoRA path is required by sglang and not read by the resolution."""
+    launch = ["--speculative-algorithm", "UNO", "--uno-lora-path", "{model}/lora"]
+    report, proc = status_prove(
+        site, "llama", [*launch, "--speculative-num-draft-tokens", "4", "--attention-backend", "fa3"]
+    )
+    try:
+        at = row_bug(report)["at_configuration"]
+        got = (row_bug(report)["state"], at["columns_past_row_end"], at["measured"]["columns_past_row_end"])
         got += (at["measured"]["agrees_with_arithmetic"],)
-    except (ValueError, KeyError, StopIteration):
+    except (TypeError, KeyError, StopIteration):
         got = proc.stderr.strip()[-300:]
     row.add(
         "status --prove -- llama h200 UNO 4 (state, columns, measured, agrees)",
         got == ("not_reachable", 0, 0, True),
+        str(got),
+    )
+
+
+def check_spec_v1(row: Row, site: Path) -> None:
+    """0.5.13 runs NGRAM on spec v1 (its ScheduleBatch.is_spec_v2 is the algorithm's
+    supports_spec_v2: EAGLE and STANDALONE only): no spec-v2 reservation, so bug #2 is not
+    reached, and ``--prove`` has nothing to drive."""
+    report, proc = status_prove(
+        site, "llama", ["--speculative-algorithm", "NGRAM", "--context-length", "4096"]
+    )
+    try:
+        why = row_bug(report)["at_configuration"]["why_not"]
+        got = (
+            report["configuration"]["speculative_runs_spec_v2"],
+            row_bug(report)["state"],
+            "spec-v1" in why,
+        )
+    except (TypeError, KeyError, StopIteration):
+        got = proc.stderr.strip()[-300:]
+    row.add(
+        "status --prove -- llama h200 NGRAM (spec v1 here: runs v2, state, why)",
+        got == (False, "not_reachable", True),
         str(got),
     )
 
@@ -428,33 +469,12 @@ def check_dcp_resolution(row: Row, site: Path | None, version: str) -> None:
     driving the same configuration (dcp included) agrees with the arithmetic: 57 columns where the
     row misses the allocator page (0.5.16 - 0.5.18), none where it holds it (0.5.19+)."""
     holds = release.form_for(version).row_holds_alloc_page
-    with tempfile.TemporaryDirectory() as tmp:
-        config = json.loads((REPO / "benchmark" / "tiny_dsa_model.json").read_text())
-        config["max_position_embeddings"] = 8192
-        (Path(tmp) / "config.json").write_text(json.dumps(config))
-        launch = [
-            "--model-path",
-            tmp,
-            *EAGLE_3_4,
-            "--context-length",
-            "2048",
-            "--dcp-size",
-            "2",
-            "--tp-size",
-            "2",
-        ]
-        proc = subprocess.run(
-            [sys.executable, "-m", "sglang_dsa_fix", "status", "--json", "--sglang-root", str(site)]
-            + ["--gpu", "h200", "--prove", "--", *launch, "--device", "cuda"],
-            env=env_for(site),
-            capture_output=True,
-            text=True,
-        )
+    launch = [*EAGLE_3_4, "--context-length", "2048", "--dcp-size", "2", "--tp-size", "2"]
+    report, proc = status_prove(site, "dsa", launch)
     live = False  # the plugin found on the target's sys.path (this environment has it): it holds it
     try:
-        report = json.loads(proc.stdout)
         live = report["plugin"]["live"]
-        bug = next(b for b in report["bugs"] if b["bug"] == Bug.ROW_OVERFLOW.value)
+        bug = row_bug(report)
         at, widths = bug["at_configuration"], report["widths"]
         got = (
             widths["alloc_page_size"],
@@ -465,7 +485,7 @@ def check_dcp_resolution(row: Row, site: Path | None, version: str) -> None:
             bug["state"],
             proc.returncode,
         )
-    except (ValueError, KeyError, StopIteration):
+    except (TypeError, KeyError, StopIteration):
         got = proc.stderr.strip()[-300:]
     reached = ("protected_by_plugin", 0) if live else ("affected", 1)
     want = (128, 135, 0, 0, True, "not_reachable", 0) if holds else (128, 71, 57, 57, True, *reached)
@@ -597,6 +617,8 @@ def main(argv=None) -> int:
             check_resolution(row, site)
             if site is not None and (site / "sglang/srt/speculative/uno_info.py").exists():  # UNO: 0.5.20+
                 check_uno_prove(row, site)
+        if case.spec_v1_case and site is not None:
+            check_spec_v1(row, site)
         if case.dcp_resolves:
             check_dcp_resolution(row, site, case.version)
         tests = [test for test, versions in UPSTREAM_TESTS.items() if case.version in versions]

@@ -315,7 +315,7 @@ class TestVersion(StatusTestCase):
 class TestAlgorithms(StatusTestCase):
     """Bug #2 per speculative algorithm, by the decode path it runs (``release.DECODE_PREPARE``)."""
 
-    def judge(self, algorithm):
+    def judge(self, algorithm, **resolved_fields):
         files = classify.read_tree(tree.find_tree(str(self.tmp)))
         config = {
             "speculative_algorithm": algorithm,
@@ -323,6 +323,7 @@ class TestAlgorithms(StatusTestCase):
             "context_length": 256,
             "page_size": 1,
             "attention_backend": "flashinfer",  # (no bug #3 nor relative reached: bug #2 decides)
+            **resolved_fields,
         }
         resolved = {
             "basis": "sglang",
@@ -338,6 +339,16 @@ class TestAlgorithms(StatusTestCase):
                 row, code = self.judge(algorithm)
                 self.assertIn("DFlashDraftInputV2.prepare_for_decode", row["at_configuration"]["note"])
                 self.assertEqual((row["state"], code), ("affected", 1))
+
+    def test_an_algorithm_sglang_runs_on_spec_v1_does_not_reach_bug_2(self):
+        # sglang's own ScheduleBatch.is_spec_v2 (0.5.9 - 0.5.13) said False for it (the resolution
+        # child's speculative_runs_spec_v2): no spec-v2 reservation; None (0.5.14+) judges as ever.
+        for runs_v2, expected in ((False, ("not_reachable", 0)), (None, ("affected", 1))):
+            with self.subTest(runs_v2=runs_v2):
+                row, code = self.judge("NGRAM", speculative_runs_spec_v2=runs_v2)
+                self.assertEqual((row["state"], code), expected)
+                if runs_v2 is False:
+                    self.assertIn("spec-v1", row["at_configuration"]["why_not"])
 
     def test_an_algorithm_without_a_rule_cannot_be_told(self):
         row, code = self.judge("WARP_DRIVE")

@@ -82,8 +82,10 @@ FIELDS = (
     "attn_dcp_size",
     "dcp_size",
     "device",
-    # Not a ServerArgs field: the backend sglang picks by the model (``_model_attention_backend``).
+    # Not ServerArgs fields: the backend sglang picks by the model (``_model_attention_backend``),
+    # and whether the scheduler runs the spec-v2 decode path (``_runs_spec_v2``).
     "model_attention_backend",
+    "speculative_runs_spec_v2",
 )
 # What is read of the child's stdout and stderr, each (``run_child``): sglang's warnings and one
 # result line are a few KiB. Read in CHUNKs, polled every POLL_S; once the child exited, what
@@ -803,6 +805,37 @@ def _model_attention_backend(server_args):
     return None
 
 
+def _runs_spec_v2(server_args):
+    """Whether the scheduler runs this algorithm's spec-v2 decode path (bug #2's reservation):
+    sglang's own ``ScheduleBatch.is_spec_v2`` on a batch with the scheduler's two fields
+    (0.5.9 - 0.5.12: overlap on, managers/schedule_batch.py 0.5.12:2280-2284; 0.5.13: the
+    algorithm's ``supports_spec_v2``, :2460-2463, EAGLE and STANDALONE only, whatever the
+    overlap); None where the release has no such predicate (0.5.14+ run every algorithm on spec
+    v2) or no algorithm. The predicate is found in the file first: 0.5.14+ skip the import."""
+    import importlib.util
+    import inspect
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    algorithm = getattr(server_args, "speculative_algorithm", None)
+    spec = importlib.util.find_spec("sglang.srt.managers.schedule_batch")
+    if not algorithm or spec is None or b"def is_spec_v2(" not in Path(spec.origin).read_bytes():
+        return None
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    predicate = inspect.getattr_static(ScheduleBatch, "is_spec_v2")
+    predicate = predicate.fget if isinstance(predicate, property) else predicate
+    batch = SimpleNamespace(
+        enable_overlap=not server_args.disable_overlap_schedule,
+        spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
+    )
+    try:
+        return bool(predicate(batch))
+    except AssertionError:  # 0.5.9 - 0.5.12: overlap on for an algorithm without spec v2
+        return False
+
+
 def _widths(server_args) -> dict:
     """sglang's own row headroom and decode reservation for these server args."""
     import inspect
@@ -916,6 +949,7 @@ def _child_result(argv: list) -> dict:
             config, sources = _read_fields(server_args, parsed, given, from_config)
             config["context_length"] = _context_len(server_args)
             config["model_attention_backend"] = _model_attention_backend(server_args)
+            config["speculative_runs_spec_v2"] = _runs_spec_v2(server_args)
             widths = _widths(server_args)
     except SystemExit as exc:  # argparse: its message went to stderr
         said = (errors.getvalue().strip().splitlines() or [f"sglang's parser exited ({exc.code})"])[-1]
@@ -949,6 +983,10 @@ def _prove(config: dict, widths: dict) -> dict:
     algorithm = str(config.get("speculative_algorithm") or "").upper()
     if not algorithm:
         return {"skipped": "no speculative decoding"}
+    if config.get("speculative_runs_spec_v2") is False:
+        return {
+            "skipped": f"{algorithm} runs sglang's spec-v1 decode path here: no spec-v2 reservation to drive"
+        }
     prepare = release.DECODE_PREPARE.get(algorithm, "unknown")
     if prepare not in PROVE_PREPARES:
         return {"skipped": f"{algorithm} reserves in its own decode path, which the CPU driver does not run"}

@@ -425,6 +425,11 @@ def configuration_inputs(resolved: dict) -> dict:
             inputs["fa3_not_reachable"] = (
                 f"verify / decode attention backend {verify} / {backend}: not FlashAttention (FA3)"
             )
+    if algorithm and config.get("speculative_runs_spec_v2") is False:
+        inputs["row_not_reachable"] = (
+            f"{algorithm} runs sglang's spec-v1 decode path here (ScheduleBatch.is_spec_v2 is False): "
+            "no spec-v2 decode reservation"
+        )
     if resolved.get("basis") != "sglang":
         inputs["fa3_not_reachable"] = (
             "static rule: the shape flags describe bug #1's DSA deployment, which runs no FA3 "
