@@ -590,7 +590,10 @@ def replay_view(mode: str, seq_lens: list, tokens_per_req: int, spec_info=None):
     signature: 0.5.23 adds global_num_tokens_cpu) of a batch whose row b is pool row b + 1."""
     import inspect
 
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
+    try:
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
+    except ImportError:  # 0.5.13 keeps the runner in model_executor/cuda_graph_runner.py (:109)
+        from sglang.srt.model_executor.cuda_graph_runner import build_replay_fb_view
 
     bs = len(seq_lens)
     lens = torch.tensor(seq_lens, dtype=torch.int64)

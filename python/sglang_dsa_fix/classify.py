@@ -109,7 +109,9 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
         detail = (
             "" if original is not None or not files.use_backups else "no backup (patched by `git apply`?)"
         )
-        if site.legacy:
+        if site.legacy and bug in graph_tables.LAYOUTS:
+            detail = graph_tables.legacy_detail(bug)
+        elif site.legacy:
             detail = (
                 "an older sglang-dsa-fix form of this change (0.2: headroom reserve - margin; 0.3 on 0.5.16 - "
                 "0.5.17, 0.4 on 0.5.18: without the allocator page's rounding): run `sglang-dsa-fix revert` "

@@ -5,6 +5,8 @@ TRT-LLM MHA, TRT-LLM MLA, FlashMLA and MiniMax sparse NVFP4 size a CUDA-graph ta
 target_verify near the context limit asks the kernel for ``seq_len + D`` keys and speculative
 decoding lets ``seq_len`` pass context_len (``width.verify_seq_len_bound``). Measured on the real
 classes: each reads past its table at sglang's own sizes (docs/graph-tables-other-backends.md).
+TRT-LLM MLA (0.5.13 - 0.5.16) and FlashMLA (0.5.16) also size their verify tree mask from it,
+which the tree builder writes past once every request of the largest batch is there (D >= 5).
 
 The rule, as for FA3 (``fa3_width``) and bug #1: the table covers ``req_to_token``'s row. Here it
 is one substitution inside sglang's own width expression: ``self.max_context_len`` becomes
@@ -93,13 +95,27 @@ def locate(bug: Bug, data: bytes, path: Path) -> EditSite:
             found = data[start:end].decode()
             edits.append(Edit(f"{class_name}.{method}", start, end, inner.lineno, found, row_width))
             texts.append((start, ast.unparse(node)))
+    # Some edits done and the rest all of expressions the tool added later (still sglang's):
+    # what the earlier sglang-dsa-fix wrote, which revert undoes from its backup.
+    pending = [text for edit, (_, text) in zip(edits, texts) if not edit.done]
+    legacy = 0 < len(pending) < len(edits) and set(pending) <= set(layout.later)
     edits.sort(key=lambda e: e.start)
     return EditSite(
         edits=tuple(edits),
-        patched_here=all(e.done for e in edits),
+        patched_here=legacy or all(e.done for e in edits),
         lineno=edits[0].lineno,
         found="; ".join(dict.fromkeys(text for _, text in sorted(texts))),  # sglang's expressions
+        legacy=legacy,
         **common,
+    )
+
+
+def legacy_detail(bug: Bug) -> str:
+    """What ``check`` says of a file holding an earlier form of this bug's change."""
+    layout = LAYOUTS[bug]
+    return (
+        f"an earlier sglang-dsa-fix form of this change (`{'`, `'.join(layout.later)}` left as "
+        "sglang wrote it): run `sglang-dsa-fix revert` then `apply` to widen that too"
     )
 
 

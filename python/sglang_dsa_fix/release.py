@@ -148,6 +148,10 @@ class GraphTableLayout:
     # Where the eager path (CUDA graphs disabled) sizes the same buffer from context_len per
     # batch, in words; "" where only the graph buffers are: disabling graphs then avoids it.
     eager: str = ""
+    # Width expressions added to ``width_exprs`` after an earlier sglang-dsa-fix shipped the
+    # change without them: a file carrying every other edit and none of these holds that earlier
+    # form (revert, then apply), not a hand edit.
+    later: tuple = ()
 
     @property
     def relative_path(self) -> str:
@@ -167,23 +171,39 @@ GRAPH_TABLE_LAYOUTS = (
     ),
     # decode_cuda_graph_kv_indices [max_bs, _calc_padded_blocks(C)], sized in init_cuda_graph_state
     # and sliced at capture (0.5.4 :356, :412; 0.5.14 :283, :364; 0.5.23 :485, :584).
+    # And 0.5.13 - 0.5.16's verify tree mask, max_num_tokens * (C + D) cells (0.5.13 :459, 0.5.14 /
+    # 0.5.16 :324), which the spec-v2 worker hands to the FULL_MASK tree builder for every batch
+    # (0.5.14 eagle_worker_v2.py:519-555): D * (s + D) cells a request, so every request of the
+    # largest captured batch at s = C + D - 4 writes D cells past it from D 5 on. 0.5.17+ size it
+    # QLEN_ONLY (is_read=False: 0.5.17 :439-447), D * D a request, no context length in it.
     GraphTableLayout(
         "trtllm_mla_kv_indices",
         "sglang.srt.layers.attention.trtllm_mla_backend",
         (("TRTLLMMLABackend", ROW_WIDTH),),
         "TRT-LLM MLA",
-        ("self._calc_padded_blocks(self.max_context_len)",),
+        (
+            "self._calc_padded_blocks(self.max_context_len)",
+            "max_num_tokens * (self.max_context_len + self.num_draft_tokens)",
+        ),
         ("trtllm_mla",),
+        later=("max_num_tokens * (self.max_context_len + self.num_draft_tokens)",),
     ),
     # cuda_graph_kv_indices [max_bs, (C + 64) // 64] (0.5.4 :156, 0.5.14 :188, 0.5.23 :282).
+    # And 0.5.16's verify tree mask, max_num_tokens * (C + D) cells (:291-295), TRT-LLM MLA's
+    # (above) as the worker fills it (0.5.16 eagle_worker_common.py:346-380); QLEN_ONLY from
+    # 0.5.17 (:291-299).
     GraphTableLayout(
         "flashmla_kv_indices",
         "sglang.srt.layers.attention.flashmla_backend",
         (("FlashMLABackend", ROW_WIDTH),),
         "FlashMLA",
-        ("(self.max_context_len + PAGE_SIZE) // PAGE_SIZE",),
+        (
+            "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE",
+            "max_num_tokens * (self.max_context_len + self.num_draft_tokens)",
+        ),
         ("flashmla",),
         page_size=64,
+        later=("max_num_tokens * (self.max_context_len + self.num_draft_tokens)",),
     ),
     # The MSA decode plan's page_table [bs, ceil(max_seq_len / 128)], max_seq_len =
     # max_context_len on the graph path (0.5.23 minimax_sparse_nvfp4_backend.py:121-123, :213);
