@@ -51,6 +51,8 @@ NO_CPU_IMPORT = (
 )
 NO_UPSTREAM_TEST = "no upstream-form test is written for this release's module layout"
 FA3_NOT_RUN = "bug #3's CPU tier is driven on 0.5.14 (the base), 0.5.17 and 0.5.23"
+MLA_MASK_RUN = ("0.5.13", "0.5.16", "0.5.17", "0.5.23")  # each form of the mask, and the base 0.5.14
+MLA_MASK_NOT_RUN = "the MLA verify mask tier runs on 0.5.13, 0.5.14 (the base), 0.5.16, 0.5.17, 0.5.23"
 WATCH_TESTS = "test/test_watch.py::TestDsaReplay test/test_watch.py::TestSwitchAndSites"
 UPSTREAM = REPO / "upstream" / "test" / "registered" / "unit"
 # Each upstream-form test and the releases whose module layout it is written for: bugs #1 / #2 in
@@ -606,6 +608,12 @@ def main(argv=None) -> int:
             # Bug #3's other graph tables: each backend's measured verdict (reads past or not).
             ("other backends' graph tables", case.fa3_tier, "test/srt/test_graph_tables_other_backends.py"),
             ("triton / flashinfer flat buffers", case.fa3_tier, "test/srt/test_graph_tables_flat_buffers.py"),
+            # TRT-LLM MLA / FlashMLA's verify tree mask: 0.5.13 - 0.5.16 sized from C, QLEN_ONLY after.
+            (
+                "MLA verify tree mask",
+                None if case.version in MLA_MASK_RUN else MLA_MASK_NOT_RUN,
+                "test/srt/test_graph_tables_mla_mask.py",
+            ),
         ):
             if base:
                 row.add(name, True, "run by the main test suite (base environment)")

@@ -331,6 +331,7 @@ class TestAlgorithms(StatusTestCase):
             "widths": {"row_extra": 20, "decode_reserve": 32, "alloc_page_size": 1},
         }
         entries, code = bugs.judge(files, tree.plugin_report(files.files, False), resolved)
+        self.judge_entries = entries
         return self.bug({"bugs": entries}, "req_to_token_row"), code
 
     def test_dflash_family_is_judged_by_its_own_prepare(self):
@@ -349,6 +350,18 @@ class TestAlgorithms(StatusTestCase):
                 self.assertEqual((row["state"], code), expected)
                 if runs_v2 is False:
                     self.assertIn("spec-v1", row["at_configuration"]["why_not"])
+
+    def test_trtllm_mla_verify_mask_is_judged(self):
+        # 0.5.14's TRT-LLM MLA sizes its verify tree mask D * (C + D) cells a request; with every
+        # request of the largest batch at the longest verify (C + D - 4 = 260 at D 8, C 256) the
+        # tree builder writes D * (s + D) = 2144 of 2112; the fixed row (C + 20) holds it.
+        row, _ = self.judge("EAGLE", attention_backend="trtllm_mla", speculative_num_draft_tokens=8)
+        entries = self.judge_entries
+        mla = self.bug({"bugs": entries}, "trtllm_mla_kv_indices")
+        at = mla["at_configuration"]
+        self.assertEqual((at["verify_mask_cells_needed"], at["verify_mask_cells_per_request"]), (2144, 2112))
+        self.assertEqual(at["verify_mask_cells_with_fix"], 8 * (256 + 20 + 8))
+        self.assertEqual((at["reachable"], mla["state"]), (True, "affected"))
 
     def test_an_algorithm_without_a_rule_cannot_be_told(self):
         row, code = self.judge("WARP_DRIVE")

@@ -189,16 +189,25 @@ def _at_configuration_lines(bug: dict) -> list:
     if "graph_page_table_pages" in at:  # bug #3 and its relatives
         verdict = (
             f"reads {at['pages_past_table']} page(s) past its table row"
-            if at["reachable"]
+            if at["pages_past_table"]
             else "reads inside its table row"
         )
         name = "FA3 graph page tables" if bug["bug"] == Bug.FA3_PAGE_TABLE.value else "graph table"
-        return [
+        lines = [
             f"  {where}: {name} {at['graph_page_table_pages']} pages "
             f"({at['graph_page_table_from']}); the longest target_verify reads "
             f"{at['longest_verify_pages_read']} -> {verdict} (with the fix: "
             f"{at['graph_page_table_pages_with_fix']} pages)"
         ]
+        if "verify_mask_cells_needed" in at:  # TRT-LLM MLA / FlashMLA's verify tree mask
+            over = at["verify_mask_cells_needed"] > at["verify_mask_cells_per_request"]
+            lines.append(
+                "  and with every request of the largest captured batch at the longest verify, the tree "
+                f"builder writes {at['verify_mask_cells_needed']} mask cells per request of "
+                f"{at['verify_mask_cells_per_request']} -> {'past the mask' if over else 'they fit'} "
+                f"(with the fix: {at['verify_mask_cells_with_fix']})"
+            )
+        return lines
     if bug["bug"] == Bug.PAGE_TABLE.value:
         verdict = (
             f"target_verify overflows for seq_len {at['overflowing_seq_lens'][0]}.."

@@ -131,6 +131,8 @@ FA3_BACKENDS = ("fa3", "fa4")
 
 
 ROW_WIDTH = "self.req_to_token.shape[1]"  # the row's width, as the backends hold it
+# TRT-LLM MLA's and FlashMLA's verify tree mask (0.5.13 - 0.5.16): D * (C + D) cells a request.
+VERIFY_MASK_EXPR = "max_num_tokens * (self.max_context_len + self.num_draft_tokens)"
 
 
 @dataclass(frozen=True)
@@ -183,10 +185,10 @@ GRAPH_TABLE_LAYOUTS = (
         "TRT-LLM MLA",
         (
             "self._calc_padded_blocks(self.max_context_len)",
-            "max_num_tokens * (self.max_context_len + self.num_draft_tokens)",
+            VERIFY_MASK_EXPR,
         ),
         ("trtllm_mla",),
-        later=("max_num_tokens * (self.max_context_len + self.num_draft_tokens)",),
+        later=(VERIFY_MASK_EXPR,),
     ),
     # cuda_graph_kv_indices [max_bs, (C + 64) // 64] (0.5.4 :156, 0.5.14 :188, 0.5.23 :282).
     # And 0.5.16's verify tree mask, max_num_tokens * (C + D) cells (:291-295), TRT-LLM MLA's
@@ -199,11 +201,11 @@ GRAPH_TABLE_LAYOUTS = (
         "FlashMLA",
         (
             "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE",
-            "max_num_tokens * (self.max_context_len + self.num_draft_tokens)",
+            VERIFY_MASK_EXPR,
         ),
         ("flashmla",),
         page_size=64,
-        later=("max_num_tokens * (self.max_context_len + self.num_draft_tokens)",),
+        later=(VERIFY_MASK_EXPR,),
     ),
     # The MSA decode plan's page_table [bs, ceil(max_seq_len / 128)], max_seq_len =
     # max_context_len on the graph path (0.5.23 minimax_sparse_nvfp4_backend.py:121-123, :213);

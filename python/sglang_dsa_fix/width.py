@@ -613,7 +613,7 @@ def graph_table_at(bug, verdict, found: str, inputs: dict) -> dict:
     read = longest_verify_pages(C, D, page, inputs["overlap"])
     with_fix = relative_table_pages(bug, pool_with_fix, page)
     over = "req_to_token's width" if fixed else "context_len"
-    return {
+    out = {
         "graph_page_table_pages": table,
         "graph_page_table_from": f"static rule: {layout.name}'s width expression over {over}",
         "longest_verify_pages_read": read,
@@ -622,6 +622,20 @@ def graph_table_at(bug, verdict, found: str, inputs: dict) -> dict:
         "pages_past_table_with_fix": max(0, read - with_fix),
         "reachable": read > table,
     }
+    if release.VERIFY_MASK_EXPR in found:
+        # The verify tree mask (TRT-LLM MLA 0.5.13 - 0.5.16, FlashMLA 0.5.16): D * (C + D) cells
+        # a request; the tree builder writes D * (s + D) a request, with every request of the
+        # largest captured batch at the longest verify's s (test/srt/test_graph_tables_mla_mask.py).
+        s = verify_seq_len_bound(C, D, inputs["overlap"])
+        cells, needed, with_fix = D * ((pool if fixed else C) + D), D * (s + D), D * (pool_with_fix + D)
+        out.update(
+            verify_mask_cells_per_request=cells,
+            verify_mask_cells_needed=needed,
+            verify_mask_cells_with_fix=with_fix,
+            reachable=out["reachable"] or needed > cells,
+            reachable_with_fix=out["pages_past_table_with_fix"] > 0 or needed > with_fix,
+        )
+    return out
 
 
 def row_at(verdict, form: Form, inputs: dict) -> dict:
