@@ -51,7 +51,17 @@ def _class(module: ast.Module, name: str) -> Optional[ast.ClassDef]:
 
 
 def _width_nodes(cls: ast.ClassDef, exprs: tuple, row_width: str) -> list:
-    """(method, node) of each width expression in the class, pristine or as the rule writes it."""
+    """(method, node) of each width expression in the class, pristine or as the rule writes it.
+    Kept on the class's node: ``pysource.parse`` hands out one tree per content, and unparsing
+    every expression of the class was most of an apply / revert run's time."""
+    memo = cls.__dict__.setdefault("_sglang_dsa_fix_width_nodes", {})
+    key = (tuple(exprs), row_width)
+    if key not in memo:
+        memo[key] = _scan_width_nodes(cls, exprs, row_width)
+    return list(memo[key])
+
+
+def _scan_width_nodes(cls: ast.ClassDef, exprs: tuple, row_width: str) -> tuple:
     forms = set(exprs) | {e.replace(REPLACED, row_width) for e in exprs}
     found = []
     for method in cls.body:
@@ -60,7 +70,7 @@ def _width_nodes(cls: ast.ClassDef, exprs: tuple, row_width: str) -> list:
         for node in ast.walk(method):
             if isinstance(node, (ast.expr, ast.keyword)) and ast.unparse(node) in forms:
                 found.append((method.name, node))
-    return found
+    return tuple(found)
 
 
 def locate(bug: Bug, data: bytes, path: Path) -> EditSite:
