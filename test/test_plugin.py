@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import sys
 import unittest
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -152,19 +153,38 @@ def run_in_spawned_process(**env):
     return out
 
 
+# The children TestPluginInSpawnedProcess reads, by name: each is one spawned process (~10 s of
+# CPU, most of it importing torch and sglang), started two at a time when the first test asks for
+# one (the test process itself only waits on them). "enabled_by_one_name": sglang loads the plugin
+# under one of its entry-point names only (SGLANG_PLUGINS) and the kill switch holds a value it
+# does not know, which is taken as enabled (either failing leaves bug #1's buffer pristine); two
+# tests read it.
+KILL_SWITCH_VALUES = ("0", "false", " OFF ", "No") if FULL else (" OFF ",)
+CHILDREN = {
+    "default": {},
+    **{f"off {value!r}": {"SGLANG_DSA_FIX": value} for value in KILL_SWITCH_VALUES},
+    "enabled_by_one_name": {"SGLANG_PLUGINS": plugin.ENTRY_POINT_NAMES[1], "SGLANG_DSA_FIX": "yes-please"},
+    "someone_else": {"SGLANG_PLUGINS": "someone_else"},
+}
+
+
 @functools.cache
-def enabled_by_one_name_and_an_unknown_switch_value():
-    """One child that two tests read (a spawned child costs ~10 s): sglang loads the plugin under
-    one of its entry-point names only (SGLANG_PLUGINS) and the kill switch holds a value it does
-    not know, which is taken as enabled. Either failing leaves bug #1's buffer pristine."""
-    return run_in_spawned_process(SGLANG_PLUGINS=plugin.ENTRY_POINT_NAMES[1], SGLANG_DSA_FIX="yes-please")
+def _children() -> dict:
+    pool = ThreadPoolExecutor(max_workers=2)
+    futures = {name: pool.submit(run_in_spawned_process, **env) for name, env in CHILDREN.items()}
+    pool.shutdown(wait=False)  # the threads end once the children have reported
+    return futures
+
+
+def child(name: str) -> dict:
+    return _children()[name].result()
 
 
 @unittest.skipUnless(trees.plugin_installed_here(), "sglang-dsa-fix is not installed (pip install -e .)")
 @unittest.skipUnless(trees.plugin_report(INSTALLED_FILES, True)["sglang_has_plugin_api"], "no plugin API")
 class TestPluginInSpawnedProcess(unittest.TestCase):
     def test_plugin_fixes_both_bugs_and_reports_it(self):
-        out = run_in_spawned_process()
+        out = child("default")
         self.assertEqual((out["buffer"], out["pool"]), (FIXED_POOL_WIDTH, FIXED_POOL_WIDTH), out["records"])
         self.assertEqual((out["error"], out["mismatched"]), (None, 0))
         self.assertEqual(out["row_extra"], ROW_FIXED)
@@ -210,10 +230,9 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
         # Each value is one spawned process (~10 s): the fast tier takes one spelling (padded,
         # upper case), the full sweep all (plugin.enabled's parsing of every spelling is tested
         # in-process, TestKillSwitchSpellings).
-        values = ("0", "false", " OFF ", "No") if FULL else (" OFF ",)
-        for value in values:
+        for value in KILL_SWITCH_VALUES:
             with self.subTest(value=value):
-                out = run_in_spawned_process(SGLANG_DSA_FIX=value)
+                out = child(f"off {value!r}")
                 self.assertEqual((out["buffer"], out["pool"]), (PRISTINE_WIDTH, POOL_WIDTH))
                 self.assertIn("must match the size of tensor b", out["error"])
                 self.assertEqual(out["row_extra"], ROW_PRISTINE)
@@ -223,19 +242,19 @@ class TestPluginInSpawnedProcess(unittest.TestCase):
                 off = out["state"]["bugs"]["page_table"]
                 self.assertEqual((off["state"], off["hook"]), ("affected", "disabled"))
                 self.assertIn(repr(value), out["state"]["kill_switch"])
-        out = enabled_by_one_name_and_an_unknown_switch_value()
+        out = child("enabled_by_one_name")
         self.assertEqual(out["buffer"], out["pool"])
         self.assertTrue(
             out["state"]["kill_switch"].startswith("SGLANG_DSA_FIX='yes-please': enabled"), out["state"]
         )
 
     def test_sglang_plugins_allow_list(self):
-        out = run_in_spawned_process(SGLANG_PLUGINS="someone_else")
+        out = child("someone_else")
         self.assertEqual((out["buffer"], out["row_extra"]), (PRISTINE_WIDTH, ROW_PRISTINE))
         self.assertEqual(out["records"], [])  # never loaded
         if ROW_HOOKED:  # (the scheduler imports on CPU): the plugin never loaded, no state
             self.assertIsNone(out["internal"])
-        out = enabled_by_one_name_and_an_unknown_switch_value()
+        out = child("enabled_by_one_name")
         self.assertEqual(out["buffer"], out["pool"])
         fa3 = out["state"]["bugs"]["fa3_page_table"]  # (page_table's: the broken backend's failure)
         self.assertEqual((fa3["state"], fa3["hook"]), ("protected_by_plugin", "applied"))
