@@ -4,6 +4,10 @@
 # All create the pinned environment in .venv first (scripts/bootstrap.sh, idempotent).
 VENV ?= .venv
 PYTHONWARNINGS ?= ignore
+# The pytest tier in two worker processes (pytest-xdist), one test file each at a time: the
+# module-scoped fixtures (the benchmark smoke runs) and the in-file children stay in one process.
+# PYTEST_WORKERS=0 runs it in this process.
+PYTEST_WORKERS ?= 2
 export PYTHONWARNINGS
 
 .PHONY: demo test test-full lint env
@@ -15,8 +19,8 @@ lint: env
 demo: env
 	$(VENV)/bin/sglang-dsa-fix demo
 test: lint
-	$(VENV)/bin/python -m pytest -q -rs test
+	$(VENV)/bin/python -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadfile test
 	$(VENV)/bin/python scripts/release_matrix.py
 test-full: lint
-	SGLANG_DSA_FIX_FULL=1 $(VENV)/bin/python -m pytest -q -rs test
+	SGLANG_DSA_FIX_FULL=1 $(VENV)/bin/python -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadfile test
 	$(VENV)/bin/python scripts/release_matrix.py --full
