@@ -100,10 +100,27 @@ RELEASES = [
     # only, and on 0.5.11 / 0.5.12 the bug #2 tier runs the inline-width cases
     # (TestInlineSizedRowOverflow: pristine overflow, patched line clean).
     Release("0.5.4", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
+    # Post releases that change a file the tool reads (FILES_READ compared with their release's,
+    # 2026-12-02): 0.5.4.post1 - post3, 0.5.5.post1 - post3, 0.5.6.post1 / post2, 0.5.15.post1
+    # (0.5.8.post1, 0.5.10.post1, 0.5.12.post1 and 0.5.13.post1 change none).
+    *(
+        Release(version, AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT)
+        for version in ("0.5.4.post1", "0.5.4.post2", "0.5.4.post3")
+    ),
     # 0.5.5 - 0.5.8: the row sized inline beside a spec-v2 reservation without
     # get_alloc_len_per_decode (0.5.6 - 0.5.8: 2 x ALLOC_LEN_PER_DECODE set by the worker): not judged.
-    Release("0.5.5", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
-    Release("0.5.6", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
+    *(
+        Release(version, AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT)
+        for version in (
+            "0.5.5",
+            "0.5.5.post1",
+            "0.5.5.post2",
+            "0.5.5.post3",
+            "0.5.6",
+            "0.5.6.post1",
+            "0.5.6.post2",
+        )
+    ),
     Release("0.5.7", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
     Release("0.5.8", AFFECTED, NOT_COVERED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT),
     Release("0.5.9", AFFECTED, AFFECTED, cpu_tier=NO_CPU_IMPORT, row_tier=NO_CPU_IMPORT, row_inline=True),
@@ -113,6 +130,7 @@ RELEASES = [
     Release("0.5.13", AFFECTED, AFFECTED, plugin=True, spec_v1_case=True),
     Release("0.5.14", AFFECTED, AFFECTED, plugin=True),  # the base environment
     Release("0.5.15", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
+    Release("0.5.15.post1", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     Release("0.5.16", FIXED_UPSTREAM, AFFECTED, cpu_tier="bug #1 fixed upstream", plugin=True),
     # 0.5.17 (the newest release the GPU host's torch 2.11 runs: its bug #2 end-to-end run) and
     # 0.5.23, every tier; 0.5.18 - 0.5.22 between them: the patch tool, the verdicts, the
