@@ -14,7 +14,8 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
 - bug #3 CPU tier (test/srt/test_fa3_cuda_graph.py) on 0.5.17 and 0.5.23 (0.5.14 in the main
   suite): the real FlashAttentionBackend's graph tables, pristine and fixed; and the other
   backends' graph tables the watch flags (test/srt/test_graph_tables_other_backends.py,
-  test_graph_tables_flat_buffers.py);
+  test_graph_tables_flat_buffers.py); FA3's topk > 1 tables (test/srt/test_fa3_topk_cuda_graph.py)
+  on 0.5.13, 0.5.15, 0.5.16, 0.5.17, 0.5.23;
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
   and what ``plugin.decide()`` says on the others; the family watch's DSA / NSA replay check and
   hook targets (test/test_watch.py) where the bug #1 CPU tier runs (0.5.11 - 0.5.13);
@@ -53,6 +54,9 @@ NO_UPSTREAM_TEST = "no upstream-form test is written for this release's module l
 FA3_NOT_RUN = "bug #3's CPU tier is driven on 0.5.14 (the base), 0.5.17 and 0.5.23"
 MLA_MASK_RUN = ("0.5.13", "0.5.16", "0.5.17", "0.5.23")  # each form of the mask, and the base 0.5.14
 MLA_MASK_NOT_RUN = "the MLA verify mask tier runs on 0.5.13, 0.5.14 (the base), 0.5.16, 0.5.17, 0.5.23"
+# FA3's topk > 1 tables: each form of their replay (host bound <= 0.5.15, CPU mirror 0.5.16+).
+FA3_TOPK_RUN = ("0.5.13", "0.5.15", "0.5.16", "0.5.17", "0.5.23")
+FA3_TOPK_NOT_RUN = "FA3's topk > 1 tier runs on 0.5.13, 0.5.14 (the base), 0.5.15, 0.5.16, 0.5.17, 0.5.23"
 WATCH_TESTS = "test/test_watch.py::TestDsaReplay test/test_watch.py::TestSwitchAndSites"
 UPSTREAM = REPO / "upstream" / "test" / "registered" / "unit"
 # Each upstream-form test and the releases whose module layout it is written for: bugs #1 / #2 in
@@ -626,6 +630,11 @@ def main(argv=None) -> int:
             # Bug #3's other graph tables: each backend's measured verdict (reads past or not).
             ("other backends' graph tables", case.fa3_tier, "test/srt/test_graph_tables_other_backends.py"),
             ("triton / flashinfer flat buffers", case.fa3_tier, "test/srt/test_graph_tables_flat_buffers.py"),
+            (
+                "FA3 topk > 1 tables",
+                None if case.version in FA3_TOPK_RUN else FA3_TOPK_NOT_RUN,
+                "test/srt/test_fa3_topk_cuda_graph.py",
+            ),
             # TRT-LLM MLA / FlashMLA's verify tree mask: 0.5.13 - 0.5.16 sized from C, QLEN_ONLY after.
             (
                 "MLA verify tree mask",

@@ -677,3 +677,23 @@ def import_fa3_file(path, name: str):
             else:
                 sys.modules["sgl_kernel"] = saved
     return module, lambda: sys.modules.pop(name, None)
+
+
+def import_fa3_patched(case, name: str):
+    """For a test class's ``setUpClass``: the release's flashattention_backend.py located by
+    ``fa3_sites`` (``case.site``), its in-tree change written to a temporary copy and executed as
+    the module ``name`` (``case.module``); every cleanup registered on ``case``."""
+    import tempfile
+    from pathlib import Path
+
+    from sglang_dsa_fix import fa3_sites
+
+    case.addClassCleanup(import_fa3())
+    source = Path(sys.modules[FA3].__file__)
+    case.site = fa3_sites.locate(source.read_bytes(), source)
+    tmp = tempfile.TemporaryDirectory()
+    case.addClassCleanup(tmp.cleanup)
+    path = Path(tmp.name) / source.name
+    path.write_bytes(case.site.patched_bytes())
+    case.module, undo = import_fa3_file(path, name)
+    case.addClassCleanup(undo)

@@ -13,7 +13,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Optional
 
-from sglang_dsa_fix import graph_tables, sites, snapshot
+from sglang_dsa_fix import fa3_sites, graph_tables, sites, snapshot
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.release import Form
 from sglang_dsa_fix.sites import Site
@@ -111,6 +111,8 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
         )
         if site.legacy and bug in graph_tables.LAYOUTS:
             detail = graph_tables.legacy_detail(bug)
+        elif site.legacy and bug is Bug.FA3_PAGE_TABLE:
+            detail = fa3_sites.LEGACY_DETAIL
         elif site.legacy:
             detail = (
                 "an older sglang-dsa-fix form of this change (0.2: headroom reserve - margin; 0.3 on 0.5.16 - "

@@ -21,10 +21,24 @@ In ``FlashAttentionBackend`` (``fa3_width`` says why each is needed):
   (0.5.17 draft decode via ``normal_decode_set_metadata`` :2649; 0.5.23 verify and draft decode via
   ``_set_decode_page_metadata`` :2973) -> ``fa3_width.WIDTH_EXPR`` (``self.req_to_token`` is
   set a few lines above: :173 / :189);
+- ``topk_width``: the width argument of the topk > 1 prefix tables, ``torch.zeros(rows,
+  self.max_context_len, ...)`` under ``"page_table"`` of ``self.draft_decode_metadata_topk_normal``,
+  ``self.target_verify_metadata_topk_normal`` and ``self.target_verify_metadata_topk_swa`` (0.5.14
+  :1699, :1826, :1877; 0.5.23 :2499, :2637): they are filled through the widened gather (or,
+  0.5.16+, the verify's device-side builder), so they are widened with it ->
+  ``fa3_width.TOPK_WIDTH_EXPR`` (without it ``apply`` turned sglang's silent over-read at page 1
+  into a size-mismatch crash);
+- ``host_bound``: in ``_apply_cuda_graph_metadata``, the fallback of each ``metadata.max_seq_len_k
+  = (seq_lens_cpu.max().item() if seq_lens_cpu is not None else self.max_context_len)`` that a
+  following ``max_seq_pages`` is computed from (0.5.15+: the topk > 1 draft decode and the draft
+  extend, 0.5.23 :3059, :3289; without a CPU mirror, sglang's default there since 0.5.16, the
+  gather stops at ceil(C / page) pages and the kernel reads the rest of the row unfilled) ->
+  ``fa3_width.STRIDED_STOP_EXPR``;
 - ``comment``: two comment lines inserted above the local ``max_num_pages`` assignment.
 
-The topk > 1 tables (``[max_bs, max_context_len]`` in tokens, and the expand tables) are not
-touched: the rule here is topk 1's. No torch, no sglang imported.
+The topk > 1 expand tables (``D`` or ``decode_length + 1`` wide, the draft tokens only) are not
+touched. A file carrying every edit but ``topk_width`` / ``host_bound`` is what this tool wrote
+before it had them (``legacy``: revert, then apply). No torch, no sglang imported.
 """
 
 from __future__ import annotations
@@ -51,6 +65,15 @@ COMMENT = (
 AFFECTED_WHEN = (
     "where FA3 (--attention-backend fa3 / fa4) runs a speculative verify or draft decode in CUDA "
     "graphs, topk 1: near context_len the kernel reads past the graph page tables"
+)
+
+
+# Edit kinds this tool added after its first FA3 form: a file with all the others done and only
+# these pending carries that earlier form (check says so; revert restores its backup).
+LATER_KINDS = ("topk_width", "host_bound")
+LEGACY_DETAIL = (
+    "an earlier sglang-dsa-fix form of this change (the topk > 1 tables and the replay's host bound "
+    "left as sglang wrote them): run `sglang-dsa-fix revert` then `apply` to widen those too"
 )
 
 
@@ -111,6 +134,53 @@ def _strided_aranges(method: ast.FunctionDef) -> list:
     return calls
 
 
+def _topk_widths(method: ast.FunctionDef) -> list:
+    """The width argument of each ``torch.zeros`` stored under "page_table" of a topk > 1 dict."""
+    attributes = {attribute for attribute, _ in fa3_width.TOPK_TABLES}
+    out = []
+    for node in ast.walk(method):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)):
+            continue
+        if not any(_self_attr_target(node, attribute) for attribute in attributes):
+            continue
+        for key, value in zip(node.value.keys, node.value.values):
+            if isinstance(key, ast.Constant) and key.value == "page_table" and _torch_call(value, "zeros"):
+                if len(value.args) >= 2:
+                    out.append(value.args[1])
+    return out
+
+
+def _assigns(node, attr: str) -> bool:
+    return isinstance(node, ast.Assign) and any(
+        isinstance(t, ast.Attribute) and t.attr == attr for t in node.targets
+    )
+
+
+def _host_bounds(method: ast.FunctionDef) -> list:
+    """The ``else self.max_context_len`` of each ``metadata.max_seq_len_k = (... if seq_lens_cpu
+    is not None else ...)`` that a later ``max_seq_pages = ...`` of the same block reads."""
+    out = []
+    for block in ast.walk(method):
+        for name in ("body", "orelse"):
+            stmts = getattr(block, name, None)
+            if not isinstance(stmts, list):
+                continue
+            for i, stmt in enumerate(stmts):
+                value = getattr(stmt, "value", None)
+                if not (_assigns(stmt, "max_seq_len_k") and isinstance(value, ast.IfExp)):
+                    continue
+                if "seq_lens_cpu" not in ast.unparse(value.test):
+                    continue
+                if any(
+                    isinstance(later, ast.Assign)
+                    and [getattr(t, "id", None) for t in later.targets] == ["max_seq_pages"]
+                    and "max_seq_len_k" in ast.unparse(later.value)
+                    for later in stmts[i + 1 :]
+                ):
+                    out.append(value.orelse)
+    return out
+
+
 def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> EditSite:
     """Bug #3's edits in these bytes of flashattention_backend.py. ToolError if unrecognised."""
     module = parse(path, data)
@@ -157,6 +227,19 @@ def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> EditSite:
             "in init_cuda_graph_state"
         )
 
+    # The topk > 1 prefix tables (token-wide), fed by the same gather.
+    for arg in _topk_widths(method):
+        start, end, text = _text(data, lines, arg)
+        if text in ("self.max_context_len", fa3_width.TOPK_WIDTH_EXPR):
+            edits.append(Edit("topk_width", start, end, arg.lineno, text, fa3_width.TOPK_WIDTH_EXPR))
+
+    # The replay's host bound where no CPU mirror is handed over (0.5.15+).
+    apply_method = _method(cls, "_apply_cuda_graph_metadata")
+    for arg in _host_bounds(apply_method) if apply_method is not None else ():
+        start, end, text = _text(data, lines, arg)
+        if text in ("self.max_context_len", fa3_width.STRIDED_STOP_EXPR):
+            edits.append(Edit("host_bound", start, end, arg.lineno, text, fa3_width.STRIDED_STOP_EXPR))
+
     # The strided_indices stops: torch.arange(0, <stop>, self.page_size).
     for call in _strided_aranges(method):
         if len(call.args) < 2:
@@ -188,7 +271,9 @@ def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> EditSite:
             edits.append(Edit("init_bound", start, end, bounds[0].value.lineno, text, fa3_width.WIDTH_EXPR))
 
     edits.sort(key=lambda e: e.start)
-    patched_here = all(e.done for e in edits)
+    pending = {e.kind for e in edits if not e.done}
+    legacy = bool(pending) and pending <= set(LATER_KINDS) and any(e.kind == "width" for e in edits)
+    patched_here = legacy or not pending
     local_text = _text(data, lines, local.value)[2]
     fixed_upstream = (
         not patched_here
@@ -209,6 +294,7 @@ def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> EditSite:
         fixed_upstream=fixed_upstream,
         lineno=local.lineno,
         found=f"{LOCAL_PAGES} = {local_text}",
+        legacy=legacy,
     )
 
 

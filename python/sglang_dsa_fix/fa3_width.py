@@ -46,6 +46,23 @@ GRAPH_TABLES = (
     ("draft_extend_metadata", "page_table"),
     ("draft_extend_metadata", "swa_page_table"),
 )
+# The topk > 1 tables of the prefix half of a draft decode or verify (and the verify's SWA one),
+# allocated ``[rows, max_context_len]`` in *tokens* (flashattention_backend.py 0.5.14 :1699, :1826,
+# :1877; 0.5.23 :2499, :2637, :2690) and filled through the same page-start gather
+# (``strided_indices[:max_seq_pages]``, 0.5.14 :2203-2212, :2339-2345) or, 0.5.16+, the verify's
+# device-side ``build_trtllm_mha_page_table``. Widening the gather alone would make the copy
+# ``[bs, min(pages read, row)]`` into ``[bs, :max_seq_pages]`` of a table still C wide: at page 1
+# past C that raises ``The size of tensor a (C) must match ... (seq_len)``, where sglang alone
+# read past the row silently. So they are widened under the same rule, in their own unit.
+TOPK_TABLES = (
+    ("draft_decode_metadata_topk_normal", "page_table"),
+    ("target_verify_metadata_topk_normal", "page_table"),
+    ("target_verify_metadata_topk_swa", "page_table"),
+)
+# req_to_token's row in tokens: as many columns as the row has tokens, so at least its pages at
+# any page size (the tables' own unit is tokens, ``max_context_len``).
+TOPK_WIDTH_EXPR = "self.req_to_token.shape[1]"
+
 # The page-start gathers ``arange(0, max_context_len, page_size)``: ceil(C / page) entries, which
 # bound the <= 0.5.14 verify gather (it slices decode's, :2308-2311) and the topk>1 / draft-extend
 # gathers of every release.
@@ -75,6 +92,13 @@ def _tables(backend):
             yield attribute, key, table
 
 
+def _topk_tables(backend):
+    for attribute, key in TOPK_TABLES:
+        table = (getattr(backend, attribute, None) or {}).get(key)
+        if table is not None:
+            yield attribute, key, table
+
+
 def _strided(backend):
     for attribute, key in STRIDED_INDICES:
         indices = (getattr(backend, attribute, None) or {}).get(key)
@@ -88,7 +112,7 @@ def short_tables(backend) -> list:
     out = []
     for inner in step_backends(backend):
         need = required_pages(inner)
-        for attribute, key, table in _tables(inner):
+        for attribute, key, table in (*_tables(inner), *_topk_tables(inner)):
             if table.shape[1] < need:
                 out.append((attribute, key, int(table.shape[1]), need))
         for attribute, key, indices in _strided(inner):
@@ -108,14 +132,15 @@ def _captured(backend) -> bool:
     """Has capture bound views of the tables already (int batch-size keys)?"""
     return any(
         isinstance(key, int)
-        for attribute, _ in GRAPH_TABLES
+        for attribute, _ in (*GRAPH_TABLES, *TOPK_TABLES)
         for key in (getattr(backend, attribute, None) or {})
     )
 
 
 def enforce(backend) -> list:
-    """Re-allocate each too-narrow FA3 graph page table at ``required_pages`` and widen the
-    replay's bounds with it (``strided_indices``; ``max_num_pages`` where the release has it).
+    """Re-allocate each too-narrow FA3 graph page table at ``required_pages`` (the topk > 1
+    token-wide tables at the row's width in tokens) and widen the replay's bounds with it
+    (``strided_indices``; ``max_num_pages`` where the release has it).
 
     Must run right after ``init_cuda_graph_state`` and before any capture: capture binds
     ``[:bs, :]`` views of these buffers into the per-bs metadata, so a later swap would leave the
@@ -138,6 +163,14 @@ def enforce(backend) -> list:
                 table.shape[0], need, dtype=table.dtype, device=table.device
             )
             changes.append((step, attribute, key, int(table.shape[1]), need))
+        row = int(inner.req_to_token.shape[1])
+        for attribute, key, table in list(_topk_tables(inner)):
+            if table.shape[1] >= need:  # in tokens: at page > 1 already wider than the row's pages
+                continue
+            getattr(inner, attribute)[key] = torch.zeros(
+                table.shape[0], row, dtype=table.dtype, device=table.device
+            )
+            changes.append((step, attribute, key, int(table.shape[1]), row))
         for attribute, key, indices in list(_strided(inner)):
             if indices.shape[0] >= need:
                 continue

@@ -45,7 +45,6 @@ import ast
 import inspect
 import json
 import os
-import tempfile
 import textwrap
 import unittest
 from dataclasses import dataclass, field
@@ -568,19 +567,8 @@ class TestInTreeChange(Checks, unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.addClassCleanup(g.import_fa3())
-        import sys
-
-        source = Path(sys.modules[g.FA3].__file__)
-        data = source.read_bytes()
-        cls.site = fa3_sites.locate(data, source)
+        g.import_fa3_patched(cls, g.FA3 + "_fa3_fixed")
         cls.patched = cls.site.patched_bytes()
-        tmp = tempfile.TemporaryDirectory()
-        cls.addClassCleanup(tmp.cleanup)
-        path = Path(tmp.name) / source.name
-        path.write_bytes(cls.patched)
-        cls.module, undo = g.import_fa3_file(path, g.FA3 + "_fa3_fixed")
-        cls.addClassCleanup(undo)
 
     def test_site(self):
         site = self.site
