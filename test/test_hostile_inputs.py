@@ -248,7 +248,8 @@ class TestControlCharactersEscaped(PatchToolTestCase):
         self.assertFalse([line for line in out.splitlines() if line.startswith(("FAKE", "bug #1"))], out)
         self.assertIn("\\x1b[2J", out)
         self.assertIn("applied\\r\\nFAKE", out)
-        self.assertEqual(len(out.splitlines()), 8, out)  # server, header, 2 ranks, 4 notes
+        # server, header, 2 ranks, 5 notes (the last: the members the plugin does not report)
+        self.assertEqual(len(out.splitlines()), 9, out)
         report = json.loads(out_json)
         self.assertEqual((rc_json, report["sglang_version"]), (1, version))
         self.assertEqual(report["ranks"][0]["bugs"]["page_table"]["state"], f"applied\r\nFAKE{ESC}")

@@ -18,9 +18,11 @@ import pytest
 from sglang_dsa_fix import cli, plugin, server_status
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.server_status import API_KEY_ENV, MAX_BODY, NO_PLUGIN, from_server
+from sglang_dsa_fix.verdicts import Bug
 
 REPO = Path(__file__).resolve().parents[1]
-BUGS = ("page_table", "req_to_token_row")
+BUGS = tuple(bug.value for bug in Bug)  # what the plugin reports: every member
+OTHERS = len(BUGS) - 2  # the members after bugs #1 / #2, reported "not_applicable" by ``rank``
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -65,6 +67,8 @@ def answer(data, status=200, headers=()):
 
 
 def rank(*states, watch=None):
+    """A rank whose plugin reports ``states`` for the first members, ``not_applicable`` for the rest."""
+    states = states + ("not_applicable",) * (len(BUGS) - len(states))
     state = {"version": "0.2.0", "bugs": {b: {"state": s} for b, s in zip(BUGS, states)}, "summary": "s"}
     if watch is not None:
         state["watch"] = watch
@@ -331,6 +335,31 @@ def test_plugin_missing_on_a_rank_or_no_ranks():
     assert empty["exit_code"] == 2 and empty["ranks"] == [] and empty["notes"]
 
 
+def test_a_member_the_plugin_does_not_report_is_cannot_tell():
+    # An image with an older plugin (bugs #1 / #2 only, both protected) under a newer CLI: the
+    # members that plugin does not know are unknown on that server, never protected.
+    old = {"version": "0.3.0", "bugs": {b: {"state": "applied"} for b in BUGS[:2]}, "summary": "s"}
+    with serve(answer(info({plugin.STATE_KEY: old}, {plugin.STATE_KEY: old}))) as (_, url):
+        rc, out, err = run_cli("status", "--url", url)
+        rc_json, out_json, _ = run_cli("status", "--url", url, "--json")
+    assert (rc, rc_json) == (2, 2) and not err
+    report = json.loads(out_json)
+    assert report["exit_code"] == 2
+    for judged in report["ranks"]:
+        assert set(judged["bugs"]) == set(BUGS) and judged["exit_code"] == 2
+        fa3 = judged["bugs"][Bug.FA3_PAGE_TABLE.value]
+        assert (fa3["state"], fa3["exit_code"]) == ("cannot_tell", 2)
+        assert "sglang-dsa-fix 0.3.0" in fa3["detail"] and "upgrade" in fa3["detail"]
+    [note] = [n for n in report["notes"] if "does not report" in n]  # one for both ranks
+    assert note.startswith("the server's plugin (sglang-dsa-fix 0.3.0) does not report fa3_page_table, ")
+    lines = out.splitlines()
+    assert lines[2].split() == ["server", "0", "applied", "applied", *["cannot_tell"] * OTHERS, "2"]
+    assert lines[-1] == note
+    # A plugin that reports no version is told as such.
+    unversioned = {"bugs": {b: {"state": "applied"} for b in BUGS[:2]}}
+    assert "(sglang-dsa-fix version unknown)" in report_for(info({plugin.STATE_KEY: unversioned}))["notes"][0]
+
+
 def test_text_table():
     data = {"prefill": [info(rank("applied", "applied"))], "decode": [info(rank("applied", "failed (x)"))]}
     with serve(answer(data)) as (_, url):
@@ -339,7 +368,7 @@ def test_text_table():
     lines = out.splitlines()
     assert lines[0] == f"server {url}/server_info (sglang 0.5.14)"
     assert lines[1].split()[:3] == ["role", "rank", "bug"]
-    assert lines[2].split() == ["prefill#0", "0", "applied", "applied", "0"]
+    assert lines[2].split() == ["prefill#0", "0", "applied", "applied", *["not_applicable"] * OTHERS, "0"]
     assert lines[3].split()[:3] == ["decode#0", "0", "applied"] and lines[3].endswith("1")
 
 

@@ -17,9 +17,9 @@ import time
 from typing import Optional
 from urllib.parse import urljoin, urlsplit
 
-from sglang_dsa_fix import plugin
+from sglang_dsa_fix import __version__, plugin
 from sglang_dsa_fix.errors import EXIT_AFFECTED, EXIT_CANNOT_TELL, EXIT_PROTECTED, ToolError
-from sglang_dsa_fix.verdicts import State, combined_exit
+from sglang_dsa_fix.verdicts import Bug, State, combined_exit
 
 DEFAULT_TIMEOUT = 30.0  # seconds, for connect + headers + body together
 MAX_TIMEOUT = 86400.0  # a longer deadline is a typo (and past time_t an OverflowError in socket)
@@ -51,6 +51,9 @@ LEGACY_STATE_EXIT = (
     ("not fixed by the plugin", EXIT_AFFECTED),
 )
 NO_STATE = "no plugin state on this rank"
+# The plugin reports every member of ``Bug`` (``plugin.decide``): a member it leaves out is one
+# its (older) release does not know, so what the server does there is unknown, never protected.
+UPGRADE = f"upgrade sglang-dsa-fix in the server's image to this tool's {__version__}"
 # What the watch reports beside its integer counters (sglang_dsa_fix.watch.report).
 WATCH_INFO_KEYS = ("enabled", "sites", "first_violation", "failed")
 NO_PLUGIN = (
@@ -222,6 +225,16 @@ def _judge_rank(role: str, server: int, index: int, internal) -> dict:
         codes.append(state_exit(text))
     if not bugs:
         rank["notes"].append("the plugin reports no bug")
+    version = state.get("version")
+    rank["plugin_version"] = version if isinstance(version, str) else None
+    rank["unreported"] = [bug.value for bug in Bug if bug.value not in bugs]
+    detail = f"not reported by the server's plugin (sglang-dsa-fix {_version(rank)}): {UPGRADE}"
+    for name in rank["unreported"]:
+        rank["bugs"][name] = {
+            "state": State.CANNOT_TELL.token,
+            "exit_code": EXIT_CANNOT_TELL,
+            "detail": detail,
+        }
         codes.append(EXIT_CANNOT_TELL)
     if watch is not None:
         _expect(isinstance(watch, dict), where, "the plugin's `watch` is not an object")
@@ -238,6 +251,10 @@ def _judge_rank(role: str, server: int, index: int, internal) -> dict:
     rank["summary"] = summary if isinstance(summary, str) else None
     rank["exit_code"] = combined_exit(codes)
     return rank
+
+
+def _version(rank: dict) -> str:
+    return rank.get("plugin_version") or "version unknown"
 
 
 def judge(info) -> tuple[Optional[str], list]:
@@ -272,6 +289,15 @@ def from_server(url: str, timeout: float = DEFAULT_TIMEOUT, api_key: Optional[st
         notes.append("the server reports no ranks (empty internal_states)")
     elif any(NO_STATE in r["notes"] for r in ranks):
         notes.append(NO_PLUGIN)
+    unreported = {}  # plugin version -> the members its ranks leave out: one note per version
+    for r in ranks:
+        unreported.setdefault(_version(r), {}).update(dict.fromkeys(r.get("unreported", ())))
+    notes += [
+        f"the server's plugin (sglang-dsa-fix {version}) does not report {', '.join(names)}: "
+        f"cannot tell; {UPGRADE}"
+        for version, names in unreported.items()
+        if names
+    ]
     codes = [r["exit_code"] for r in ranks] or [EXIT_CANNOT_TELL]
     return {
         "url": url,
