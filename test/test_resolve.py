@@ -320,33 +320,43 @@ class TestResolvedBySglang(unittest.TestCase):
         self.assertEqual(len(err.strip().splitlines()), 1, err)
         self.assertIn("sglang rejected the launch arguments", err)
 
-    def test_without_sglang_the_static_rule_says_so(self):
-        # An interpreter that cannot import torch (no site-packages).
+    def test_without_sglang_nothing_is_green(self):
+        # An interpreter that cannot import sglang's dependencies (no site-packages). A rule
+        # standing in for sglang's would read a few flags and miss what sglang forces: here it
+        # said "not reachable", exit 0, for a DCP 2 deployment whose allocator pages 2 x P.
         wrapper = self.tmp / "python-without-site"
         wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S -s "$@"\n')
         wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-        rc, report, _ = self.status(
+        launch = [
             "--model-path",
-            str(self.model),
-            "--context-length",
-            "256",
-            "--speculative-num-draft-tokens",
-            "8",
-            extra=("--python", str(wrapper)),
-        )
-        self.assertEqual(report["basis"], "static")
+            str(self.dsa_model),
+            *eagle(3, 4, 2048),
+            "--dcp-size",
+            "2",
+            "--tp-size",
+            "2",
+        ]
+        rc, report, _ = self.status(*launch, extra=("--python", str(wrapper)))
+        self.assertEqual((rc, report["basis"]), (2, "unresolved"))
         self.assertIn("cannot import sglang", report["basis_note"])
-        self.assertEqual(self.bug(report, "req_to_token_row")["at_configuration"]["columns_past_row_end"], 1)
-        rc, out, err = run_cli(
-            "status", "--sglang-root", str(self.site), "--python", str(wrapper), "--", "--model-path", "x"
-        )
-        self.assertEqual(rc, 2)
-        self.assertIn("the static rule needs --context-length", err)
-        rc, out, err = run_cli(
-            "status", "--sglang-root", str(self.site), "--python", str(wrapper), "--", "--config", "x.yaml"
-        )
-        self.assertEqual(rc, 2)
-        self.assertIn("the static rule does not read --config FILE", err)
+        self.assertIn("pass --python", report["basis_note"])
+        self.assertNotIn("configuration", report)
+        judged = [b for b in report["bugs"] if b["tree_state"] != "not_applicable"]
+        self.assertTrue(judged)
+        for bug in judged:
+            self.assertEqual((bug["state"], bug["exit_code"]), ("cannot_tell", 2), bug["bug"])
+            self.assertIn("did not resolve", bug["at_configuration"]["cannot_tell"])
+        with mock.patch.object(trees, "plugin_found_on", return_value=None):
+            rc, out, err = run_cli(
+                "status", "--sglang-root", str(self.site), "--python", str(wrapper), "--", *launch
+            )
+        self.assertEqual((rc, err), (2, ""))
+        self.assertIn("configuration: cannot tell (", out)
+        self.assertNotIn("shape flags", out)  # none were given
+        # Whatever the launch arguments (a --config FILE too): the same answer, never a rule's.
+        for launch in (["--model-path", "x"], ["--config", "x.yaml"]):
+            rc, report, _ = self.status(*launch, extra=("--python", str(wrapper)))
+            self.assertEqual((rc, report["basis"]), (2, "unresolved"))
 
 
 if __name__ == "__main__":

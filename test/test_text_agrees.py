@@ -9,7 +9,7 @@ import unittest
 from pathlib import Path
 from types import SimpleNamespace
 
-from sglang_dsa_fix import bugs, cli, release
+from sglang_dsa_fix import bugs, cli, release, resolve
 from sglang_dsa_fix.classify import BugState
 from sglang_dsa_fix.verdicts import Bug, State, Verdict
 
@@ -56,6 +56,9 @@ def bug_state(bug: Bug, verdict: Verdict) -> BugState:
     return BugState(bug, verdict, site, detail=detail)
 
 
+# `status --` where sglang could not be imported: no configuration.
+UNRESOLVED = resolve.unresolved("python cannot import sglang (ModuleNotFoundError: numpy)")
+
 # What only an unprotected, reached bug may say (numbers past a row / buffer as today's fact).
 REACHED_WORDS = re.compile(r"(writes \d+ column|overflows for seq_len|reads \d+ page\(s\) past)")
 
@@ -67,7 +70,7 @@ class TestTextFollowsState(unittest.TestCase):
             (Bug.ROW_OVERFLOW, Bug.FA3_PAGE_TABLE),
             Verdict,
             (PLUGIN, NO_PLUGIN),
-            (None, configuration(True), configuration(False)),
+            (None, configuration(True), configuration(False), UNRESOLVED),
         ):
             files = SimpleNamespace(states=[bug_state(bug, verdict)], form=FORM)
             entries, code = bugs.judge(files, plugin_info, resolved)
@@ -81,6 +84,9 @@ class TestTextFollowsState(unittest.TestCase):
                 self.assertEqual(code, state.exit_code)
                 if state is State.PROTECTED_BY_PLUGIN:
                     self.assertIn(verdict, (Verdict.AFFECTED, Verdict.STALE_BYTECODE))
+                if resolved is UNRESOLVED and verdict is not Verdict.NOT_APPLICABLE:
+                    # No configuration: only what the files alone decide may be green.
+                    self.assertIs(state, State.CANNOT_TELL)
                 self.assertEqual("advice" in entry, state.exit_code == 1)
                 at = entry.get("at_configuration", {})
                 if at.get("overflowing_seq_lens"):

@@ -151,8 +151,7 @@ def render_server(report: dict) -> str:
 def _configuration_lines(report: dict) -> list:
     config = report["configuration"]
     if report["basis"] == "static":
-        head = "configuration (static rule from the shape flags; sglang's own resolution not used"
-        head += f": {report['basis_note']})" if report.get("basis_note") else ")"
+        head = "configuration (static rule from the shape flags; sglang's own resolution not used)"
     else:
         head = f"configuration resolved by sglang {report.get('resolved_with', '')}".rstrip()
     sources = report.get("sources", {})
@@ -254,6 +253,8 @@ def _at_configuration_lines(bug: dict) -> list:
 
 
 def render_status(report: dict) -> str:
+    from sglang_dsa_fix import width
+
     lines = [f"sglang {report['sglang_version']} at {report['sglang_path']}"]
     if report.get("version_note"):
         lines.append(f"note: {report['version_note']}")
@@ -264,7 +265,9 @@ def render_status(report: dict) -> str:
         + (f"; {p['kill_switch']}" if p["live"] else "")
     )
     lines += [f"  plugin not loaded by {note}" for note in p["not_loaded_by"] if p["live"]]
-    if "configuration" in report:
+    if report.get("basis") == width.UNRESOLVED:
+        lines.append(f"configuration: cannot tell ({report['basis_note']})")
+    elif "configuration" in report:
         lines += _configuration_lines(report)
     for bug in report["bugs"]:
         title = Bug(bug["bug"]).title

@@ -8,10 +8,12 @@ row through sglang's own sizing functions.
 ``sys.path``, and ``child_main`` there runs ``sglang.srt.server_args.prepare_server_args`` (0.5.23:
 then ``resolve_once``) under a GPU profile, reads the resolved fields and calls
 ``get_req_to_token_extra_context_len`` / ``get_alloc_reserve_per_decode`` of that tree. The parent
-imports neither torch nor sglang. Where the child cannot import sglang, ``resolve`` falls back to
-the static rule on the flags it can read (``"basis": "static"``, with the reason). Either way
-the child reports its own ``sys.path`` (before the tree and this package were put first): where
-the server's interpreter would find the plugin (``tree.plugin_report``), under
+imports neither torch nor sglang. Where the child cannot import sglang, no configuration is
+resolved (``"basis": "unresolved"``, the reason and the fix): no rule stands in for sglang's, as
+one that reads a few flags misses what sglang forces (``--dcp-size``, the backend, the page
+size), and every bug the configuration decides is ``cannot_tell``. Either way the child reports
+its own ``sys.path`` (before the tree and this package were put first): where the server's
+interpreter would find the plugin (``tree.plugin_report``), under
 ``PLUGIN_SEARCH`` in what ``resolve`` returns.
 
 sglang's argument processing asks the device (0.5.14 server_args.py:2521
@@ -22,8 +24,9 @@ those from a ``GPU_PROFILES`` entry, so a CPU machine resolves what the server's
 
 This module is the flow's configuration step (``status.collect``): ``configuration(tree,
 form, request)`` turns a ``Request`` into ``{"basis", "configuration", "widths", ...}``,
-resolved by sglang (``basis: sglang``) or, for the old shape flags and where sglang cannot be
-imported, by the static rule at the release the tree's files say (``basis: static``).
+resolved by sglang (``basis: sglang``), for the old shape flags by the static rule at the release
+the tree's files say (``basis: static``), or not at all where sglang cannot be imported
+(``basis: unresolved``).
 """
 
 from __future__ import annotations
@@ -163,7 +166,6 @@ def configuration(tree: SglangTree, form: Form, request: Request) -> dict:
         return resolve(
             tree,
             request.launch_args,
-            form,
             request.python,
             request.gpu,
             request.prove,
@@ -256,14 +258,13 @@ def gpu_profile(name: Optional[str]) -> tuple:
 def resolve(
     tree: SglangTree,
     launch_args: list,
-    form: Form,
     python: Optional[str] = None,
     gpu: Optional[str] = None,
     prove: bool = False,
     allow_unsafe_dirs: bool = False,
 ) -> dict:
     """What sglang resolves for these launch arguments, and its own widths. ToolError when sglang
-    rejects the arguments; the static rule (labelled) when sglang cannot be imported.
+    rejects the arguments; ``unresolved`` (the reason) when sglang cannot be imported.
     ``prove``: also drive sglang's real decode path for that configuration (``proof.row_overflow``
     at context ``PROVE_CONTEXT``) and report the columns it really writes past the row end.
     As root, refuses (``refuse_foreign_code``) unless ``allow_unsafe_dirs``."""
@@ -319,7 +320,7 @@ def resolve(
     if result.get("error_kind") == "refused":
         raise ToolError(result["error"])
     if result.get("error_kind") == "import":
-        out = static_fallback(launch_args, form, f"{interpreter} cannot import sglang ({result['error']})")
+        out = unresolved(f"{interpreter} cannot import sglang ({result['error']})")
         return out if search is None else {**out, PLUGIN_SEARCH: search}
     if "error" in result:
         raise ToolError(f"sglang rejected the launch arguments: {result['error']}")
@@ -494,40 +495,14 @@ def schema_error(result) -> Optional[str]:
     return None
 
 
-def static_fallback(launch_args: list, form: Form, why: str) -> dict:
-    """The static rule on the flags it knows, said as such."""
-    if "--config" in launch_args:  # only sglang's own merger reads the file as sglang does
-        raise ToolError(
-            f"{why}; the static rule does not read --config FILE: give --context-length and the "
-            "speculative flags on the command line"
-        )
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--context-length", type=int)
-    parser.add_argument("--speculative-num-draft-tokens", type=int)
-    parser.add_argument("--speculative-num-steps", type=int)
-    parser.add_argument("--speculative-eagle-topk", type=int, default=1)
-    parser.add_argument("--page-size", type=int, default=1)
-    parser.add_argument("--speculative-algorithm", type=str.upper)
-    parser.add_argument("--disable-overlap-schedule", action="store_true")
-    args, _ = parser.parse_known_args(launch_args)
-    if args.context_length is None or args.speculative_num_draft_tokens is None:
-        raise ToolError(
-            f"{why}; the static rule needs --context-length and --speculative-num-draft-tokens "
-            "among the launch arguments"
-        )
-    D = args.speculative_num_draft_tokens
-    shape = width.SpecShape(
-        context_length=args.context_length,
-        speculative_num_draft_tokens=D,
-        speculative_num_steps=args.speculative_num_steps or max(1, D - 1),
-        speculative_eagle_topk=args.speculative_eagle_topk,
-        page_size=args.page_size,
-        has_draft_kv=args.speculative_algorithm != "NGRAM",
-        overlap=not args.disable_overlap_schedule,
-    )
-    out = static(shape, form)
-    out["basis_note"] = why
-    return out
+def unresolved(why: str) -> dict:
+    """No configuration, and why (``width.at_configuration``: ``cannot_tell`` for every bug the
+    configuration decides), with what makes sglang resolve it."""
+    return {
+        "basis": width.UNRESOLVED,
+        "basis_note": f"{why}; pass --python the interpreter of the server's environment (the one that "
+        "runs sglang.launch_server), or install what it lacks",
+    }
 
 
 # ------------------------------------------------------------------------------ child side

@@ -6,11 +6,12 @@ One flow, one way:
        arithmetic they carry);
     2. configuration and widths (optional): ``resolve.configuration`` — sglang's own ServerArgs
        resolution and sizing functions in a child process, or the static rule for the old shape
-       flags, labelled ``"basis": "static"``; and the plugin, looked for where the server would
-       import it: with ``-- <launch args>`` on the sys.path of the target interpreter (the
-       resolution child's own: its site dirs, PYTHONPATH as this environment hands it on, the
-       tree's parent), else in this Python's environment (no --sglang-root) or the tree's site
-       dir (``tree.plugin_report``);
+       flags, labelled ``"basis": "static"``, or none where sglang cannot be imported
+       (``"basis": "unresolved"``: every bug the configuration decides is ``cannot_tell``); and
+       the plugin, looked for where the server would import it: with ``-- <launch args>`` on the
+       sys.path of the target interpreter (the resolution child's own: its site dirs, PYTHONPATH
+       as this environment hands it on, the tree's parent), else in this Python's environment
+       (no --sglang-root) or the tree's site dir (``tree.plugin_report``);
     3. per bug a ``verdicts.State`` and the exit code (``bugs.judge``, pure) from 1 and 2.
 
 ``check`` is this flow without a configuration; ``status --url`` (``server_status``) judges what

@@ -34,6 +34,10 @@ from sglang_dsa_fix import graph_tables, release
 from sglang_dsa_fix.release import Form
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
+# The ``basis`` of a configuration sglang did not resolve (``resolve.unresolved``): no numbers,
+# so every bug the configuration decides is ``cannot_tell``.
+UNRESOLVED = "unresolved"
+
 # --------------------------------------------------------------------------------------------
 # Bug #1: the graph page_table width.
 
@@ -685,6 +689,8 @@ def measured(at: dict, prove: dict) -> dict:
 def at_configuration(bug, verdict, found: str, form: Form, resolved: dict) -> dict:
     """One bug at a resolved (or static) configuration: its widths, whether it is reached
     (``reachable``: True / False / None, or ``cannot_tell``), and the same with the fix."""
+    if resolved.get("basis") == UNRESOLVED:
+        return {"reachable": None, "cannot_tell": "sglang did not resolve the launch arguments"}
     inputs = configuration_inputs(resolved)
     if bug is Bug.PAGE_TABLE:
         return page_table_at(verdict, found, inputs)
