@@ -98,6 +98,18 @@ class TestPluginOnTheTargetsSysPath(PluginLookupTestCase):
         self.assertIn(os.path.dirname(os.__file__), plugin["looked_in"])  # the target's stdlib
         self.assertFalse(plugin["live"], plugin)
 
+    def test_the_callers_working_directory_does_not_count(self):
+        # An empty plugin.py and a dist-info naming it where `status` is run from: the server
+        # does not import from the caller's working directory (the child starts isolated).
+        install_plugin(self.elsewhere)
+        here = os.getcwd()
+        os.chdir(self.elsewhere)
+        self.addCleanup(os.chdir, here)
+        report = self.status("--python", str(self.python), expect_rc=1)
+        self.assertFalse(report["plugin"]["installed"], report["plugin"])
+        self.assertNotIn(str(self.elsewhere), report["plugin"]["looked_in"])
+        self.assertNotIn("protected_by_plugin", self.states(report))
+
     def test_metadata_without_the_package_is_not_installed(self):
         install_plugin(self.elsewhere, package="none")
         report = self.status("--python", str(self.python), pythonpath=str(self.elsewhere))
@@ -159,7 +171,10 @@ class TestTheChildsReport(PluginLookupTestCase):
             }
         )
         fake = self.tmp.parent / f"{self.tmp.name}-fake"
-        fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{resolve.RESULT_MARK}{line}'\n")
+        # As root the tool first asks the interpreter for its sys.path (``resolve.PROBE``): the
+        # fake answers that it has none, then the result line.
+        probed = resolve.PATH_MARK + json.dumps({"path": [], "site": []})
+        fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{probed}' '{resolve.RESULT_MARK}{line}'\n")
         fake.chmod(0o755)
         self.addCleanup(fake.unlink)
         install_plugin(self.tmp)

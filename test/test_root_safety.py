@@ -277,11 +277,9 @@ def _plant_as_nobody(path: Path, text: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-@unittest.skipIf(SKIP, SKIP)
-class TestStatusRunsNoCodeAnotherUserCanChange(unittest.TestCase):
-    """Issue 25 A: ``status -- <launch args>`` as root runs the target's Python and imports the
-    target's sglang in a child. Where nobody owns the venv (or a part of the tree, or the
-    interpreter), nobody's code would run as root: refused, one line, exit 2."""
+class StatusTargetCase(unittest.TestCase):
+    """A root-owned venv (this Python's base interpreter, no packages) holding a copy of the
+    sglang files the tool reads: its child cannot import sglang and answers at once."""
 
     LAUNCH = ("--model-path", "x", "--context-length", "4096", "--speculative-num-draft-tokens", "4")
 
@@ -314,6 +312,13 @@ class TestStatusRunsNoCodeAnotherUserCanChange(unittest.TestCase):
         self.assertNotIn("Traceback", err)
         for part in parts:
             self.assertIn(part, err)
+
+
+@unittest.skipIf(SKIP, SKIP)
+class TestStatusRunsNoCodeAnotherUserCanChange(StatusTargetCase):
+    """Issue 25 A: ``status -- <launch args>`` as root runs the target's Python and imports the
+    target's sglang in a child. Where nobody owns the venv (or a part of the tree, or the
+    interpreter), nobody's code would run as root: refused, one line, exit 2."""
 
     def test_venv_of_another_user_is_not_run(self):
         for path in [self.venv, *self.venv.rglob("*")]:
@@ -385,6 +390,125 @@ class TestStatusRunsNoCodeAnotherUserCanChange(unittest.TestCase):
         what, found = safe_files.foreign_code(link, self.site)
         self.assertEqual(
             (what, found.path, found.why), ("interpreter", str(link), f"owned by uid {NOBODY} (nobody)")
+        )
+
+
+@unittest.skipIf(SKIP, SKIP)
+class TestStatusChildImportsOnlyCheckedCode(StatusTargetCase):
+    """Issue "as root, nothing foreign runs (round 3)": the resolution child starts isolated (no
+    working directory, PYTHONPATH only as checked), and as root every directory on its sys.path
+    (site dirs, .pth targets, PYTHONPATH, the tree's parent) and a ``--trust-remote-code`` model
+    directory are root's and writable by no one else, or nothing starts."""
+
+    def nobody_dir(self, name: str, module: str) -> Path:
+        """A directory nobody owns, holding nobody's ``module``.py (the marker payload)."""
+        directory = self.tmp / name
+        directory.mkdir()
+        os.chown(directory, NOBODY, NOBODY)
+        _plant_as_nobody(directory / f"{module}.py", PAYLOAD.format(marker=str(self.marker)))
+        return directory
+
+    def test_the_working_directory_is_not_imported(self):
+        # `cd <nobody's dir> && status ...`: the child imports `selectors` (run_child's stdlib).
+        cwd = self.nobody_dir("cwd", "selectors")
+        here = os.getcwd()
+        os.chdir(cwd)
+        self.addCleanup(os.chdir, here)
+        rc, out, err = self.status("--json")
+        self.assertFalse(self.marker.exists(), "nobody's selectors.py in the cwd ran as root")
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(json.loads(out)["basis"], "static", (out, err))  # this venv has no sglang
+
+    def test_a_pythonpath_entry_of_another_user_is_refused(self):
+        shadow = self.nobody_dir("shadow", "selectors")
+        with mock.patch.dict(os.environ, {"PYTHONPATH": str(shadow)}):
+            rc, out, err = self.status()
+            self.assertRefusedOnce(
+                rc, out, err, f"{shadow}: owned by uid {NOBODY} (nobody) (PYTHONPATH", "--allow-unsafe-dirs"
+            )
+            rc, out, err = self.status("--allow-unsafe-dirs")  # the override: as asked
+        self.assertTrue(self.marker.exists())
+
+    def test_a_pth_line_naming_another_users_directory_is_refused(self):
+        shadow = self.nobody_dir("shadow", "yaml")  # imported for --config
+        pth = self.site / "shadow.pth"
+        pth.write_text(f"{shadow}\n")  # root's .pth, nobody's directory
+        config = self.tmp / "config.yaml"
+        config.write_text("page-size: 1\n")
+        rc, out, err = run_cli(
+            "status", "--sglang-root", str(self.site), "--", *self.LAUNCH, "--config", str(config)
+        )
+        self.assertRefusedOnce(rc, out, err, f"{shadow}: owned by uid {NOBODY} (nobody) (a line of {pth}")
+
+    def test_a_group_writable_site_dir_of_a_plain_interpreter_is_refused(self):
+        # A non-venv interpreter (its own prefix: the binary, the standard library linked in) whose
+        # site-packages is root:staff 2775, as Debian's /usr/local/lib/python3.X/dist-packages.
+        base = Path(os.path.realpath(sys.executable))
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        stdlib = Path(os.__file__).parent
+        prefix = self.tmp / "prefix"
+        (prefix / "bin").mkdir(parents=True)
+        python = prefix / "bin" / base.name
+        shutil.copy2(base, python)
+        lib = prefix / "lib" / version
+        lib.mkdir(parents=True)
+        for entry in stdlib.iterdir():
+            if entry.name != "site-packages":
+                (lib / entry.name).symlink_to(entry)
+        site = lib / "site-packages"
+        site.mkdir()
+        os.chown(site, 0, 50)  # group staff
+        site.chmod(0o2775)
+        # What a member of that group could leave there: a .pth whose line runs at start-up.
+        (site / "group.pth").write_text(
+            f"import os; open({str(self.marker)!r}, 'w').write(str(os.geteuid()))\n"
+        )
+        probe = subprocess.run(
+            [str(python), "-I", "-S", "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True
+        )
+        self.assertEqual(probe.stdout.strip(), str(prefix), probe.stderr)  # its own prefix
+        rc, out, err = self.status("--python", str(python))
+        # (found as an entry of the standard library's directory, which holds it)
+        self.assertRefusedOnce(rc, out, err, f"{site} is writable by group 50 (staff) (owner uid 0 (root))")
+
+    def test_a_sticky_directory_on_the_import_path_is_refused(self):
+        # The tree's parent root's and 1777, as /tmp: it passed the check, and another user then
+        # added a module there (the child's sys.path[0], ahead of the standard library).
+        site = self.tmp / "sticky-site"
+        shutil.copytree(self.site, site)
+        site.chmod(0o1777)
+        real = safe_files.foreign_code
+
+        def checked_then_planted(*args, **kwargs):
+            found = real(*args, **kwargs)
+            _plant_as_nobody(site / "selectors.py", PAYLOAD.format(marker=str(self.marker)))
+            return found
+
+        with mock.patch.object(safe_files, "foreign_code", checked_then_planted):
+            rc, out, err = self.status("--python", sys.executable, root=site)
+        self.assertRefusedOnce(rc, out, err, f"{site} is writable by others (owner uid 0 (root))")
+
+    def test_remote_code_of_a_model_directory_another_user_owns_is_refused(self):
+        # sglang's own resolution (the installed tree, this venv): --trust-remote-code imports the
+        # model directory's auto_map configuration module.
+        model = self.tmp / "model"
+        model.mkdir()
+        config = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "evil",
+            "auto_map": {"AutoConfig": "configuration_evil.EvilConfig"},
+            "max_position_embeddings": 8192,
+        }
+        (model / "config.json").write_text(json.dumps(config))
+        for path in (model, model / "config.json"):
+            os.chown(path, NOBODY, NOBODY)
+        _plant_as_nobody(model / "configuration_evil.py", PAYLOAD.format(marker=str(self.marker)))
+        launch = ["--model-path", str(model), "--trust-remote-code", "--context-length", "4096"]
+        launch += ["--speculative-algorithm", "NGRAM", "--device", "cuda"]
+        with mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1"}):
+            rc, out, err = run_cli("status", "--gpu", "h200", "--", *launch)
+        self.assertRefusedOnce(
+            rc, out, err, f"--model-path {model}: owned by uid {NOBODY} (nobody); with --trust-remote-code"
         )
 
 

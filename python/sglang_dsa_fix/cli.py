@@ -459,8 +459,9 @@ def build_parser(json_requested: bool = False) -> argparse.ArgumentParser:
     status.add_argument(
         "--allow-unsafe-dirs",
         action="store_true",
-        help="with `--`, as root: run the interpreter and import the sglang tree even where a user "
-        "other than root could change them (the file, a directory on the way, a link; refused by "
+        help="with `--`, as root: run the interpreter, import from its sys.path (the sglang tree, "
+        "site dirs, .pth targets, PYTHONPATH) and run a --trust-remote-code model's code even where a "
+        "user other than root could change them (a file, a directory on the way, a link; refused by "
         "default)",
     )
     status.add_argument(

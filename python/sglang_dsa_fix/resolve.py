@@ -4,8 +4,9 @@ Its launch_server arguments go through sglang's own argument processing, its ``r
 row through sglang's own sizing functions.
 
 ``status -- <launch_server args>`` calls ``resolve``: it starts the target environment's Python
-(``--python``; default the venv holding the tree, else this one) with the tree first on
-``sys.path``, and ``child_main`` there runs ``sglang.srt.server_args.prepare_server_args`` (0.5.23:
+(``--python``; default the venv holding the tree, else this one) isolated (``python -I``: no
+working directory, PYTHONPATH's absolute entries handed on by hand) with the tree first on
+``sys.path`` (as root every directory on it checked first: ``import_path``), and ``child_main`` there runs ``sglang.srt.server_args.prepare_server_args`` (0.5.23:
 then ``resolve_once``) under a GPU profile, reads the resolved fields and calls
 ``get_req_to_token_extra_context_len`` / ``get_alloc_reserve_per_decode`` of that tree. The parent
 imports neither torch nor sglang. Where the child cannot import sglang, no configuration is
@@ -115,6 +116,49 @@ PLUGIN_SEARCH = "plugin_search"
 # 4 - 4.5 s of a 19 - 24 s `status --` on the loaded 2-core CPU machine (benchmark/status_cost.py). The
 # child writes nothing but its output; the parent kills its process group afterwards anyway.
 CHILD_EXIT = "sys.stdout.flush(); sys.stderr.flush(); import os; os._exit(0)"
+# The child starts isolated (``-I``): neither the working directory nor a script's directory on
+# sys.path, no PYTHON* variable (PYTHONPATH, PYTHONSTARTUP, PYTHONHOME ...), no user site. What
+# this environment's PYTHONPATH names is handed on by hand, its absolute entries only (a relative
+# one means the caller's working directory); ``-W ignore`` stands in for PYTHONWARNINGS.
+ISOLATED = ("-I", "-W", "ignore")
+# As root (``import_path``), the target's sys.path is asked first, without the site module
+# (``-S``: no .pth file runs): its standard library entries and its site directories; each of
+# those, every directory a .pth line there adds, the PYTHONPATH entries and the tree's parent are
+# checked (``safe_files.import_dir_foreign``) before the child starts, and the child refuses to
+# go on (``BOOT``) when its sys.path holds an entry that was not checked.
+PATH_MARK = "@@sglang-dsa-fix-path@@ "
+PROBE = (
+    "import json, site, sys; venv, system = sys.argv[1], sys.argv[2] == '1'; "
+    "dirs = site.getsitepackages([venv]) if venv else []; "
+    "dirs += site.getsitepackages() if system or not venv else []; "
+    f"print({PATH_MARK!r} + json.dumps({{'path': sys.path, 'site': dirs}}))"
+)
+PROBE_TIMEOUT_S = 30.0
+# argv[1]: {"parent", "ours", "pythonpath", "checked"}; argv[2]: the options; then the launch
+# arguments. The target's own sys.path (its site dirs, the PYTHONPATH entries) is taken before the
+# tree is put first: where the server would find the plugin. This package is imported from its
+# own directory (``ours``), which then leaves sys.path again: its other entries shadow nothing.
+BOOT = f"""\
+import json, os, sys
+boot = json.loads(sys.argv[1])
+checked = boot["checked"]
+unchecked = [p for p in sys.path if checked is not None and os.path.abspath(p) not in checked]
+if unchecked:
+    error = (unchecked[0] + ": on the import path of " + sys.executable + " but not among the "
+             "directories checked before it started; as root sglang-dsa-fix does not import code "
+             "from it (pass --allow-unsafe-dirs to override)")
+    print({RESULT_MARK!r} + json.dumps({{"error_kind": "refused", "error": error}}), flush=True)
+    os._exit(0)
+sys.path[:0] = boot["pythonpath"]
+path = list(sys.path)
+sys.path.insert(0, boot["ours"])
+import sglang_dsa_fix
+sys.path.remove(boot["ours"])
+sys.path.insert(0, boot["parent"])
+from sglang_dsa_fix import resolve
+resolve.child_main(sys.argv[2:], path)
+{CHILD_EXIT}
+"""
 INT_FIELDS = (
     "speculative_num_draft_tokens",
     "speculative_eagle_topk",
@@ -223,6 +267,93 @@ def refuse_foreign_code(interpreter: Path, tree: SglangTree) -> None:
     )
 
 
+def pythonpath() -> list:
+    """This environment's PYTHONPATH as handed on to the child: its absolute entries, each once."""
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return list(dict.fromkeys(os.path.normpath(e) for e in entries if os.path.isabs(e)))
+
+
+def _pth_dirs(site_dir: str) -> list:
+    """The directories the .pth files of ``site_dir`` add to sys.path, as ``site.addpackage``
+    reads them (``import`` lines run code from what is already on the path: checked there)."""
+    from sglang_dsa_fix.tree import MAX_METADATA_FILE, read_text
+
+    dirs = []
+    for pth in sorted(Path(site_dir).glob("*.pth")):
+        try:
+            lines = read_text(pth, MAX_METADATA_FILE).splitlines()
+        except OSError:  # what site cannot read adds nothing
+            continue
+        for line in lines:
+            if line.startswith("#") or not line.strip() or line.startswith(("import ", "import\t")):
+                continue
+            target = os.path.abspath(os.path.join(site_dir, line.rstrip()))
+            if os.path.exists(target):
+                dirs.append((target, f"a line of {pth}"))
+    return dirs
+
+
+def _venv_system_site(venv: Path) -> bool:
+    """Does the venv's pyvenv.cfg include the base interpreter's site-packages?"""
+    from sglang_dsa_fix.tree import MAX_METADATA_FILE, read_text
+
+    try:
+        text = read_text(venv / "pyvenv.cfg", MAX_METADATA_FILE)
+    except OSError:
+        return False
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip().lower() == "include-system-site-packages":
+            return value.strip().lower() == "true"
+    return False
+
+
+def import_path(interpreter: Path, tree: SglangTree, handed_on: list, env: dict) -> list:
+    """As root, the directories the child imports from, each checked (``import_dir_foreign``):
+    ToolError naming the first one another user could change. ``handed_on``: the PYTHONPATH
+    entries the child gets."""
+    venv = safe_files.venv_of(interpreter)
+    system = "1" if venv is None or _venv_system_site(venv) else "0"
+    command = [str(interpreter), "-I", "-S", "-c", PROBE, str(venv or ""), system]
+    try:
+        returncode, stdout, stderr = run_child(command, env, PROBE_TIMEOUT_S)
+        line = next(line for line in reversed(stdout.splitlines()) if line.startswith(PATH_MARK))
+        probed = json.loads(line[len(PATH_MARK) :])
+        stdlib, sites = probed["path"], probed["site"]
+        if not all(isinstance(e, str) for e in [*stdlib, *sites]):
+            raise ValueError("not a list of paths")
+    except (StopIteration, ValueError, KeyError, TypeError, OutputCapExceeded, subprocess.TimeoutExpired):
+        raise ToolError(
+            f"{interpreter}: did not report its sys.path, so as root sglang-dsa-fix cannot check "
+            "what it would import (pass --allow-unsafe-dirs to override)"
+        ) from None
+    except OSError as exc:
+        raise ToolError(f"{interpreter}: cannot run ({exc.strerror})") from None
+    entries = [(str(tree.package_parent), "the tree's parent")]
+    entries += [(e, "PYTHONPATH") for e in handed_on]
+    entries += [(os.path.abspath(e), "its standard library") for e in stdlib]
+    for site_dir in sites:
+        entries.append((os.path.abspath(site_dir), "a site directory"))
+        if os.path.isdir(site_dir):
+            entries += _pth_dirs(site_dir)
+    checked = []
+    for entry, why in entries:
+        if entry in checked:
+            continue
+        try:
+            found = safe_files.import_dir_foreign(entry)
+        except OSError as exc:
+            raise ToolError(f"{exc.filename or entry}: cannot check ({exc.strerror or exc})") from None
+        if found is not None:
+            said = f"{entry}: " + ("" if found.path == entry else f"{found.path} is ") + found.reason
+            raise ToolError(
+                f"{said} ({why}, on the import path of {interpreter}); as root sglang-dsa-fix does not "
+                "import code another user can change (pass --allow-unsafe-dirs to override)"
+            )
+        checked.append(entry)
+    return checked
+
+
 def local_gpu() -> Optional[dict]:
     """The first local NVIDIA GPU as a profile (nvidia-smi), or None."""
     smi = shutil.which("nvidia-smi")
@@ -275,26 +406,21 @@ def resolve(
             raise ToolError(f"--python {python}: not an executable interpreter")
     else:
         interpreter = _venv_python(tree) or Path(sys.executable)
-    if not allow_unsafe_dirs:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    handed_on = pythonpath()
+    checked = None  # an unprivileged run imports nothing its user could not import anyway
+    if not allow_unsafe_dirs and os.geteuid() == 0:
         refuse_foreign_code(interpreter, tree)
-    ours = str(Path(__file__).resolve().parents[1])
-    # The target's own sys.path (its site dirs, PYTHONPATH as this environment hands it on) is
-    # taken before the tree and this package are put first: where the server would find the
-    # plugin. The child then leaves without the interpreter's teardown (``CHILD_EXIT``).
-    boot = (
-        "import sys; path = list(sys.path); sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
-        "from sglang_dsa_fix import resolve; resolve.child_main(sys.argv[3:], path); " + CHILD_EXIT
-    )
-    command = [
-        str(interpreter),
-        "-c",
-        boot,
-        str(tree.package_parent),
-        ours,
-        json.dumps({"profile": profile, "prove": prove}),
-        *launch_args,
-    ]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+        checked = import_path(interpreter, tree, handed_on, env)
+    boot = {
+        "parent": str(tree.package_parent),
+        "ours": str(Path(__file__).resolve().parents[1]),
+        "pythonpath": handed_on,
+        "checked": checked,
+    }
+    # "guard": the child refuses a model's remote code another user can change (as root).
+    options = {"profile": profile, "prove": prove, "guard": checked is not None}
+    command = [str(interpreter), *ISOLATED, "-c", BOOT, json.dumps(boot), json.dumps(options), *launch_args]
     if prove and local_gpu() is None:
         # Without a GPU the drive's tensors are CPU tensors and sglang's Triton kernels run in
         # Triton's interpreter (set before triton loads). On a GPU host the drive runs on the GPU,
@@ -692,6 +818,43 @@ def _config_refusal(argv: list) -> Optional[str]:
     return None
 
 
+# The directories ``--trust-remote-code`` makes transformers import code from (auto_map's
+# ``configuration_*.py``, the tokenizer's and the draft model's), where they are local.
+REMOTE_CODE_PATHS = ("model_path", "tokenizer_path", "speculative_draft_model_path")
+
+
+def _remote_code_refusal(argv: list) -> Optional[str]:
+    """As root: why the model's own code is not run (``--trust-remote-code``, on the command line
+    or in ``--config``, with a local model directory another user could change), or None."""
+    import contextlib
+    import io
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            parsed = _given_and_defaults(argv)[0]
+    except (Exception, SystemExit):  # sglang's parser rejects them: its resolution says so
+        return None
+    if not parsed.get("trust_remote_code"):
+        return None
+    for name in REMOTE_CODE_PATHS:
+        where = parsed.get(name)
+        if not isinstance(where, str) or not os.path.isdir(where):
+            continue  # a hub id: fetched into root's own cache
+        flag = "--" + name.replace("_", "-")
+        try:
+            found = safe_files.code_tree_foreign(os.path.abspath(where))
+        except OSError as exc:
+            return f"{flag} {where}: cannot check ({exc.strerror or exc}); --trust-remote-code runs its code"
+        if found is not None:
+            said = ("" if found.path == os.path.abspath(where) else f"{found.path} is ") + found.reason
+            return (
+                f"{flag} {where}: {said}; with --trust-remote-code its code runs, and as root "
+                "sglang-dsa-fix does not run code another user can change (pass --allow-unsafe-dirs "
+                "to override)"
+            )
+    return None
+
+
 def _given_and_defaults(argv: list) -> tuple:
     """(the parser's values, the dests the arguments set, the dests only ``--config`` sets):
     sglang's own parser, with ``--config FILE`` merged as ``prepare_server_args`` merges it
@@ -886,12 +1049,9 @@ def child_main(argv: list, sys_path: Optional[list] = None) -> None:
     first; reported (``""``, the working directory, as its absolute path) for the plugin lookup."""
     result = _child_result(argv)
     if sys_path is not None:
-        try:
-            cwd = os.getcwd()
-        except OSError:  # a removed working directory: nothing is imported from it
-            cwd = None
-        entries = [entry or cwd for entry in sys_path if isinstance(entry, str)]
-        result["sys_path"] = [e for e in entries if e and len(e) <= MAX_PATH_ENTRY][:MAX_SYS_PATH]
+        # Started isolated (``ISOLATED``): no entry is the working directory ("").
+        entries = [entry for entry in sys_path if isinstance(entry, str) and os.path.isabs(entry)]
+        result["sys_path"] = [e for e in entries if len(e) <= MAX_PATH_ENTRY][:MAX_SYS_PATH]
     _emit(result)
 
 
@@ -911,6 +1071,9 @@ def _child_result(argv: list) -> dict:
             import sglang
     except Exception as exc:  # ImportError, or a broken environment: the static rule takes over
         return {"error_kind": "import", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    refused = _remote_code_refusal(launch_args) if options.get("guard") else None
+    if refused is not None:
+        return {"error_kind": "refused", "error": refused}
     logging.disable(logging.CRITICAL)
     errors = io.StringIO()
     try:

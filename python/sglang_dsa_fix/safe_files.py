@@ -368,6 +368,13 @@ def _deep(top: Dir, trusted) -> Optional[Foreign]:
     return None
 
 
+def venv_of(interpreter) -> Optional[Path]:
+    """The venv ``interpreter`` starts in, or None: CPython looks for ``pyvenv.cfg`` beside the
+    interpreter's path as given (links not resolved) and one level up."""
+    here = Path(os.path.abspath(interpreter)).parent
+    return next((d for d in (here, here.parent) if os.path.lexists(d / "pyvenv.cfg")), None)
+
+
 def foreign_code(interpreter, package_parent, package: str = "sglang", trusted=frozenset({0})):
     """As root, before running ``interpreter`` with ``package_parent`` first on ``sys.path`` to
     import ``package``: (what, Foreign) for the first thing a user outside ``trusted`` could
@@ -379,19 +386,19 @@ def foreign_code(interpreter, package_parent, package: str = "sglang", trusted=f
     to ``package_parent`` and its entries (``sys.path[0]``: any module name is looked up there
     first); every directory and file under ``package_parent/package``."""
     found = resolve_checked(interpreter, trusted, want_dir=False)[0]
-    # CPython looks for pyvenv.cfg beside the interpreter's path as given (links not resolved)
-    # and one level up.
-    here = Path(os.path.abspath(interpreter)).parent
-    venv = next((d for d in (here, here.parent) if os.path.lexists(d / "pyvenv.cfg")), None)
+    venv = venv_of(interpreter)
     if found is None and venv is not None:
         found = resolve_checked(venv / "pyvenv.cfg", trusted, want_dir=False)[0]
         for site in sorted(venv.glob("lib*/python*/site-packages")):
             if found is None:
-                found, directory = resolve_checked(site, trusted, want_dir=True)
-                found = found or _flat(directory, trusted)
+                found = import_dir_foreign(site, trusted)
     if found:
         return "interpreter", found
     found, parent = resolve_checked(package_parent, trusted, want_dir=True)
+    # sys.path[0] in the child: sticky is not enough (another user adds ``platform.py`` after
+    # this check, and it is imported ahead of the standard library).
+    if found is None and (why := _group_or_others(parent.st)):
+        found = Foreign(parent.path, why, parent.st)
     found = found or _flat(parent, trusted, skip=(package,))
     if found is None:
         top = None  # nothing there to import where the package's name leads nowhere
@@ -400,3 +407,47 @@ def foreign_code(interpreter, package_parent, package: str = "sglang", trusted=f
         if found is None and top is not None:
             found = _deep(top, trusted)
     return None if found is None else ("code", found)
+
+
+def _group_or_others(st: os.stat_result) -> Optional[str]:
+    """Who besides its owner may add entries to this directory, sticky or not (in a sticky
+    directory anyone may still create a NEW name: a module an import looks up there)."""
+    if st.st_mode & stat.S_IWOTH:
+        return "writable by others"
+    if st.st_mode & stat.S_IWGRP:
+        return f"writable by group {_group_name(st.st_gid)}"
+    return None
+
+
+def import_dir_foreign(path, trusted=frozenset({0})) -> Optional[Foreign]:
+    """As root, before an interpreter imports from the sys.path entry ``path``: the first thing a
+    user outside ``trusted`` could change, or None. Every directory and link on the way
+    (``resolve_checked``); the directory itself writable by no one else, not even sticky; its
+    entries (``_flat``: each module or package name found there). A missing entry is safe when
+    its nearest existing directory is (no one else can create it); a file (a zip) by itself."""
+    path = os.path.abspath(path)
+    probe = path
+    while True:
+        try:
+            found, directory = resolve_checked(probe, trusted, want_dir=True)
+            break
+        except FileNotFoundError:
+            if probe == "/":
+                raise
+            probe = os.path.dirname(probe)
+        except NotADirectoryError:  # a file on the way: a zip entry is imported from the file
+            return resolve_checked(probe, trusted, want_dir=False)[0]
+    if found is None and (why := _group_or_others(directory.st)):
+        found = Foreign(directory.path, why, directory.st)
+    if found is None and probe == path:
+        found = _flat(directory, trusted)
+    return found
+
+
+def code_tree_foreign(path, trusted=frozenset({0})) -> Optional[Foreign]:
+    """As root, before code under the directory ``path`` runs (a model directory's
+    ``trust_remote_code`` modules): the way there, the directory and everything under it."""
+    found, directory = resolve_checked(path, trusted, want_dir=True)
+    if found is None and (why := _group_or_others(directory.st)):
+        found = Foreign(directory.path, why, directory.st)
+    return found or _deep(directory, trusted)

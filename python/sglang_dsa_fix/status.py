@@ -9,8 +9,8 @@ One flow, one way:
        flags, labelled ``"basis": "static"``, or none where sglang cannot be imported
        (``"basis": "unresolved"``: every bug the configuration decides is ``cannot_tell``); and
        the plugin, looked for where the server would import it: with ``-- <launch args>`` on the
-       sys.path of the target interpreter (the resolution child's own: its site dirs, PYTHONPATH
-       as this environment hands it on, the tree's parent), else in this Python's environment
+       sys.path of the target interpreter (the resolution child's own, started isolated: its site
+       dirs, PYTHONPATH's absolute entries, the tree's parent), else in this Python's environment
        (no --sglang-root) or the tree's site dir (``tree.plugin_report``);
     3. per bug a ``verdicts.State`` and the exit code (``bugs.judge``, pure) from 1 and 2.
 
