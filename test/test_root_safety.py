@@ -512,6 +512,29 @@ class TestStatusChildImportsOnlyCheckedCode(StatusTargetCase):
         )
 
 
+@unittest.skipIf(SKIP, SKIP)
+class TestModuleEntryPoint(unittest.TestCase):
+    """``python -m sglang_dsa_fix`` from a directory nobody owns: its ``dataclasses.py`` (which
+    the CLI imports) is not imported as root."""
+
+    def test_the_working_directory_leaves_sys_path(self):
+        tmp = Path(tempfile.mkdtemp(prefix="dsa-fix-main-"))
+        self.addCleanup(shutil.rmtree, tmp)
+        tmp.chmod(0o755)
+        marker, cwd = tmp / "ran-as-root", tmp / "cwd"
+        cwd.mkdir()
+        os.chown(cwd, NOBODY, NOBODY)
+        _plant_as_nobody(cwd / "dataclasses.py", PAYLOAD.format(marker=str(marker)))
+        done = subprocess.run(
+            [sys.executable, "-m", "sglang_dsa_fix", "check", "--sglang-root", str(INSTALLED.package_parent)],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+        )
+        self.assertFalse(marker.exists(), "nobody's dataclasses.py ran as root")
+        self.assertIn(done.returncode, (0, 1), done.stderr)
+
+
 # ------------------------------------------------------------------------------ benchmarks as root
 SWAP = "import os, sys; os.rename(sys.argv[1], sys.argv[1] + '.moved'); os.symlink(sys.argv[2], sys.argv[1])"
 
