@@ -1,19 +1,21 @@
 """The in-tree change of bug #3's relatives, compiled into the live class (the plugin's form).
 
-``graph_tables.locate`` finds the edits in the backend's file; ``patched_methods`` applies them to
-the file's bytes, parses the result and compiles each edited method on its own, with the
-module's globals and the class as ``__class__`` (so ``super()`` works as in the class body). The
-plugin then runs these functions in place of sglang's (REPLACE hooks through sglang's
-HookRegistry): the code that runs is sglang's own, with the one substitution ``apply`` would write.
+``graph_tables.locate`` finds the edits in the backend's file; ``patched_methods`` compiles that
+file twice, as it is and with the edits applied, the way the import system compiles a module
+(``compile(source, path, "exec", dont_inherit=True)``: the class bodies too, so private names are
+mangled and ``super()`` has its ``__class__`` cell as in the class). Each edited method's code of
+the file as it is must equal the code sglang loaded (``cls.__dict__[name].__code__``): otherwise
+what runs is not that file (unchecked-hash bytecode of another source, an edit since the import,
+a decorator) and nothing is replaced. The patched method is then a new function of the patched
+code object with the loaded function's globals, closure, defaults and annotations: nothing of the
+file is evaluated, and the code that runs is the code sglang loaded with the one substitution
+``apply`` would write.
 
-Refused (``LiveEditError``, the plugin then leaves sglang untouched): a decorated method, or one
-that uses a private ``__name`` (compiled outside the class body, it would not be mangled).
+Refused (``LiveEditError``, the plugin then leaves sglang untouched and says why in its state).
 """
 
 from __future__ import annotations
-import __future__
 
-import ast
 import linecache
 import types
 
@@ -25,53 +27,56 @@ class LiveEditError(RuntimeError):
     pass
 
 
-_FACTORY = "def _sglang_dsa_fix_method(__class__):\n    pass\n"
+def _named(code: types.CodeType, name: str, where: str) -> types.CodeType:
+    """The one code object ``name`` defined directly in ``code`` (a module's or class body's)."""
+    found = [c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == name]
+    if len(found) != 1:
+        raise LiveEditError(f"{where}: {len(found)} definitions of {name}, not one")
+    return found[0]
 
 
-def _private_names(node: ast.AST) -> list:
-    names = {getattr(n, "attr", None) or getattr(n, "id", None) for n in ast.walk(node)}
-    return sorted(n for n in names if n and n.startswith("__") and not n.endswith("__"))
+def _method_code(module_code: types.CodeType, class_name: str, method_name: str, where: str):
+    return _named(_named(module_code, class_name, where), method_name, f"{where}: {class_name}")
 
 
 def patched_methods(site: EditSite, module: types.ModuleType) -> dict:
-    """{(class name, method name): function} for each method the site's edits touch, compiled
-    from the site's file with the edits applied; ``module`` is the live module of that file."""
-    source = site.patched_bytes()
-    tree = ast.parse(source, filename=str(site.path))
-    # The file's own future imports (``annotations``: its annotations stay unevaluated).
-    flags = 0
-    for statement in tree.body:
-        if isinstance(statement, ast.ImportFrom) and statement.module == "__future__":
-            for alias in statement.names:
-                flags |= getattr(__future__, alias.name).compiler_flag
-    # Compiled under a name of its own whose lines (linecache) are the patched file's: tracebacks
-    # and ``inspect.getsource`` show the code that runs, at the file's own line numbers.
-    filename = f"{site.path} (patched in memory by sglang-dsa-fix)"
+    """{(class name, method name): function} for each method the site's edits touch; ``module``
+    is the live module sglang imported from that file. LiveEditError where a method's loaded
+    code is not the file's."""
+    where = str(site.path)
+    try:
+        pristine = compile(site.data, where, "exec", dont_inherit=True)
+        # Compiled under a name of its own whose lines (linecache) are the patched file's:
+        # tracebacks and ``inspect.getsource`` show the code that runs, at the file's own lines.
+        source = site.patched_bytes()
+        filename = f"{site.path} (patched in memory by sglang-dsa-fix)"
+        patched = compile(source, filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        raise LiveEditError(f"{where} does not compile ({exc})") from None
     text = source.decode("utf-8", "replace")
     linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     out = {}
     for class_name, method_name in graph_tables.methods(site):
         cls = getattr(module, class_name, None)
-        node = classes.get(class_name)
-        method = node and next(
-            (m for m in node.body if isinstance(m, ast.FunctionDef) and m.name == method_name), None
+        live = vars(cls).get(method_name) if isinstance(cls, type) else None
+        if not isinstance(live, types.FunctionType):
+            raise LiveEditError(f"{module.__name__}: no plain function {class_name}.{method_name}")
+        if live.__code__ != _method_code(pristine, class_name, method_name, where):
+            raise LiveEditError(
+                f"{class_name}.{method_name}: the code sglang loaded is not {where}'s (bytecode of "
+                "another source, or the file changed since); not replaced"
+            )
+        code = _method_code(patched, class_name, method_name, where)
+        if code.co_freevars != live.__code__.co_freevars:
+            raise LiveEditError(f"{class_name}.{method_name}: the change alters its closure")
+        function = types.FunctionType(
+            code, live.__globals__, method_name, live.__defaults__, live.__closure__
         )
-        if cls is None or method is None:
-            raise LiveEditError(f"{site.path}: no {class_name}.{method_name}")
-        if method.decorator_list:
-            raise LiveEditError(f"{class_name}.{method_name} is decorated")
-        private = _private_names(method)
-        if private:
-            raise LiveEditError(f"{class_name}.{method_name} uses private names {private}")
-        factory = ast.parse(_FACTORY).body[0]
-        factory.body = [method, ast.Return(ast.Name(method.name, ast.Load()))]
-        wrapper = ast.Module([factory], type_ignores=[])
-        ast.fix_missing_locations(wrapper)
-        code = compile(wrapper, filename, "exec", flags=flags, dont_inherit=True)
-        factory_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
-        function = types.FunctionType(factory_code, vars(module))(cls)
-        function.__qualname__ = f"{cls.__qualname__}.{method_name}"
-        function.__module__ = module.__name__
+        function.__kwdefaults__ = None if live.__kwdefaults__ is None else dict(live.__kwdefaults__)
+        function.__annotations__ = live.__annotations__
+        function.__dict__.update(live.__dict__)
+        function.__doc__ = live.__doc__
+        function.__qualname__ = live.__qualname__
+        function.__module__ = live.__module__
         out[(class_name, method_name)] = function
     return out

@@ -10,8 +10,12 @@ sglang's own HookRegistry, AFTER hooks for each bug that is affected in this tre
 - bug #3: ``FlashAttentionBackend.init_cuda_graph_state`` → widen FA3's graph page tables and
   the replay's bounds to req_to_token's row (``fa3_width.enforce``, before any capture);
 - bug #3's relatives (TRT-LLM MHA / MLA, FlashMLA, MiniMax NVFP4, Triton): REPLACE hooks, each method
-  the in-tree change edits replaced by that method compiled with the change (``live_edit``:
-  sglang's own code with ``apply``'s one substitution; other plugins' hooks still wrap it);
+  the in-tree change edits replaced by that method compiled with the change (``live_edit``: the
+  code sglang loaded with ``apply``'s one substitution, refused where the file is not what was
+  loaded; other plugins' hooks still wrap it);
+- a hook in an attention backend's module (bugs #1, #3 and its relatives) is registered when
+  sglang itself imports that module (``_when_imported``) and applied through HookRegistry then:
+  ``register`` imports no backend a deployment does not use;
 - always: ``Scheduler.get_internal_state`` → this plugin's state under ``sglang_dsa_fix`` in
   ``/server_info`` (``internal_states``), so a live server shows what is running;
 - opt-in (``SGLANG_DSA_FIX_WATCH=1``, kill switch or not): the family watch's AROUND hooks
@@ -35,6 +39,7 @@ import importlib
 import logging
 import os
 import pkgutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
@@ -196,21 +201,113 @@ def _resolve(target: str):
         raise
 
 
-def _register_replacements(registry, hook_type, plan: Plan) -> list:
-    """Bug #3's relatives: each method the in-tree change edits, compiled with the change
-    (``live_edit``), registered as a REPLACE hook (sglang's HookRegistry applies REPLACE first,
-    so AROUND / AFTER hooks, the watch's too, wrap it). Everything is compiled before anything
-    is registered: a refusal leaves sglang untouched. Returns the hooks' targets."""
-    from sglang_dsa_fix import live_edit
+# Modules sglang imports only for their own ``--attention-backend``: a hook there is registered
+# when sglang imports the module (``_when_imported``), never by importing it here (sglang's
+# HookRegistry imports every registered target's module in ``apply_hooks``).
+BACKEND_PREFIX = "sglang.srt.layers.attention."
+_ON_IMPORT = {}  # module name -> [action(module)], run once sglang imported the module
 
+
+class _AfterExec:
+    """The loader sglang's import found, running the waiting actions once the module executed;
+    the module keeps the original loader."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        for action in _ON_IMPORT.pop(module.__name__, []):
+            action(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _OnImport:
+    """A meta path finder that finds nothing itself: for a module with actions waiting, the spec
+    the other finders give, its loader wrapped (``_AfterExec``)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _ON_IMPORT:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _AfterExec(spec.loader)
+                return spec
+        return None
+
+
+def _when_imported(module_name: str, action) -> None:
+    """``action(module)`` once sglang imported ``module_name`` (at once where it already did)."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        action(module)
+        return
+    _ON_IMPORT.setdefault(module_name, []).append(action)
+    if not any(isinstance(finder, _OnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _OnImport())
+
+
+def _apply(registry, targets: list) -> None:
+    """What ``HookRegistry.apply_hooks`` does, for these targets only (it has run already, or runs
+    later and then skips what is in ``_patched``); a failure is logged as it logs one, and
+    ``refresh_hook_states`` reports it."""
+    for target in targets:
+        if target in registry._patched:
+            continue
+        try:
+            registry._apply_target(target, registry._hooks[target])
+            registry._patched.add(target)
+        except Exception:
+            logger.exception("Failed to apply hooks to %s", target)
+
+
+def _replacement_targets(plan: Plan) -> list:
     layout = graph_tables.LAYOUTS[plan.bug]
-    module = importlib.import_module(layout.module)
-    functions = live_edit.patched_methods(plan.replace, module)
-    targets = []
-    for (class_name, name), function in functions.items():
-        targets.append(f"{layout.module}.{class_name}.{name}")
-        registry.register(targets[-1], _replacing(plan.bug, function), hook_type.REPLACE)
-    return targets
+    return [f"{layout.module}.{c}.{m}" for c, m in graph_tables.methods(plan.replace)]
+
+
+def _hook_on_import(registry, hook_type, plan: Plan):
+    """The action registering ``plan``'s hooks on the module sglang imported. Bug #3's relatives:
+    each method the in-tree change edits, built from the code sglang loaded with the change
+    (``live_edit``), a REPLACE hook (REPLACE is applied first, so AROUND / AFTER hooks, the
+    watch's too, wrap it); everything is built before anything is registered: a refusal leaves
+    sglang untouched, and the state says why."""
+
+    def action(module):
+        try:
+            if plan.replace is not None:
+                from sglang_dsa_fix import live_edit
+
+                functions = live_edit.patched_methods(plan.replace, module)
+                targets = _replacement_targets(plan)
+                for target, function in zip(targets, functions.values()):
+                    registry.register(target, _replacing(plan.bug, function), hook_type.REPLACE)
+            else:
+                targets = [plan.target]
+                registry.register(plan.target, _guarded(plan.bug, plan.body), hook_type.AFTER)
+            _apply(registry, targets)
+        except Exception as exc:  # never break sglang's import
+            STATE["bugs"][plan.bug.value].update(  # keeps its target(s): what was not hooked
+                state=State.AFFECTED.token,
+                hook=Hook.UNSUPPORTED.value,
+                detail=f"{type(exc).__name__}: {exc}; sglang untouched",
+            )
+            logger.warning("sglang-dsa-fix: cannot hook %s (%s: %s)", plan.target, type(exc).__name__, exc)
+
+    return action
 
 
 def _replacing(bug: Bug, function):
@@ -246,6 +343,14 @@ def refresh_hook_states() -> None:
     for info in STATE["bugs"].values():
         target = info.get("target")
         if target is None or info["hook"] not in (Hook.INSTALLED.value, Hook.APPLIED.value):
+            continue
+        if info.get("module") in _ON_IMPORT:  # still waiting: sglang never imported the backend
+            info.update(
+                state=State.NOT_REACHABLE.token,
+                hook=Hook.NOT_REACHED.value,
+                detail=f"sglang never imported {info['module']} in this scheduler process (another "
+                "attention backend)",
+            )
             continue
         # Every method a relative's fix replaces must be in place, whether one of them ran or not:
         # one left out runs sglang's own width. A single hook that ran was applied.
@@ -373,13 +478,20 @@ def register() -> None:
         if plan.target is None:
             _set(plan.bug, plan.state, plan.hook, plan.detail)
             continue
+        module = plan.target.rsplit(".", 2 if plan.target.startswith(BACKEND_PREFIX) else 1)[0]
         try:
+            if module.startswith(BACKEND_PREFIX):
+                targets = {"module": module}
+                if plan.replace is not None:
+                    targets["targets"] = _replacement_targets(plan)
+                # The state first: the action, where sglang imported the module already, may say
+                # that it refused.
+                _set(plan.bug, plan.state, plan.hook, plan.detail, target=plan.target, **targets)
+                _when_imported(module, _hook_on_import(HookRegistry, HookType, plan))
+                continue
             _resolve(plan.target)  # sglang resolves it the same way when applying
             targets = {}
-            if plan.replace is not None:
-                targets["targets"] = _register_replacements(HookRegistry, HookType, plan)
-            else:
-                HookRegistry.register(plan.target, _guarded(plan.bug, plan.body), HookType.AFTER)
+            HookRegistry.register(plan.target, _guarded(plan.bug, plan.body), HookType.AFTER)
         except ImportError as exc:
             # The module does not import in this process (e.g. FA3's without its kernels): sglang
             # imports the same module to run that code, so it never runs here.
