@@ -53,7 +53,11 @@ class ResolveChildTestCase(PatchToolTestCase):
     layout = "site-packages"
 
     def status(self, fake: Path, *extra):
-        return self.cli("status", *extra, "--python", str(fake), "--", "--model-path", "x")
+        # As root the tool first asks the interpreter for its sys.path (test_root_safety); the
+        # flag lets these cases reach the resolution child itself (the flood case drives the
+        # probe too).
+        unsafe = ("--allow-unsafe-dirs",) if os.geteuid() == 0 else ()
+        return self.cli("status", *extra, *unsafe, "--python", str(fake), "--", "--model-path", "x")
 
     def assertOneLineError(self, rc, out, err, part=None, json_expected=False):
         self.assertEqual(rc, 2, (out, err))
@@ -128,7 +132,7 @@ class TestResultLineSchema(ResolveChildTestCase):
 class TestChildOutputCap(ResolveChildTestCase):
     """G: what is read from the child is capped (400 MB on stdout took 1.2 GB)."""
 
-    def peak_rss_mib(self, fake: Path) -> tuple:
+    def peak_rss_mib(self, fake: Path, *extra) -> tuple:
         code = (
             "import resource, sys\n"
             "from sglang_dsa_fix import cli\n"
@@ -136,7 +140,17 @@ class TestChildOutputCap(ResolveChildTestCase):
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10, file=sys.stderr)\n"
             "sys.exit(rc)\n"
         )
-        argv = ["status", "--sglang-root", str(self.tmp), "--python", str(fake), "--", "--model-path", "x"]
+        argv = [
+            "status",
+            "--sglang-root",
+            str(self.tmp),
+            *extra,
+            "--python",
+            str(fake),
+            "--",
+            "--model-path",
+            "x",
+        ]
         done = subprocess.run(
             [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300
         )
@@ -149,11 +163,18 @@ class TestChildOutputCap(ResolveChildTestCase):
         _, _, baseline = self.peak_rss_mib(quiet)
         flood = 96 << 20  # the cap is a few MiB: reading it all costs several times this
         fake = _fake_python(self.tmp, f"head -c {flood} /dev/zero\nprintf '\\n%s\\n' '{MARK}{WELL_FORMED}'\n")
-        rc, lines, peak = self.peak_rss_mib(fake)
-        self.assertLess(peak - baseline, 48, f"peak {peak} MiB, {baseline} MiB without the flood")
-        self.assertEqual(rc, 2, lines)
-        self.assertEqual(len(lines), 1, lines)
-        self.assertIn("MiB of output", lines[0])
+        # The resolution child (as root past the sys.path probe: the flag), and as root the probe
+        # itself, which runs the same interpreter first: each read is capped, one line, exit 2.
+        cases = {"resolution child": (("--allow-unsafe-dirs",), "MiB of output")}
+        if os.geteuid() == 0:
+            cases["sys.path probe"] = ((), "did not report its sys.path")
+        for name, (extra, said) in cases.items():
+            with self.subTest(name):
+                rc, lines, peak = self.peak_rss_mib(fake, *extra)
+                self.assertLess(peak - baseline, 48, f"peak {peak} MiB, {baseline} MiB without the flood")
+                self.assertEqual(rc, 2, lines)
+                self.assertEqual(len(lines), 1, lines)
+                self.assertIn(said, lines[0])
 
 
 class TestChildProcessGroup(ResolveChildTestCase):
