@@ -19,6 +19,7 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
   and what ``plugin.decide()`` says on the others; the family watch's DSA / NSA replay check and
   hook targets (test/test_watch.py) where the bug #1 CPU tier runs (0.5.11 - 0.5.13);
+- the member contract (``proof.contract``), every member on every release;
 - the upstream-form tests (upstream/test/...) on the releases whose module layout each is
   written for (``UPSTREAM_TESTS``): pristine must fail, a copy patched by ``apply`` must pass.
 
@@ -41,8 +42,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_dsa_fix import classify, release, sites, source_patch
+from sglang_dsa_fix import classify, members, release, sites, source_patch
 from sglang_dsa_fix import tree as trees
+from sglang_dsa_fix.proof import contract
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -267,6 +269,15 @@ def check_patch_tool(row: Row, case: Release, tree) -> None:
             sites.ROUNDED_ROW_COMMENT
         ):
             check_older_row_form(row, tmp, row_state.site)
+
+
+def check_members(row: Row, tree) -> None:
+    """Every member keeps the contract on this release's own files (``proof.contract``: texts,
+    watch, its state with no site, its change alone applied and reverted byte for byte, the
+    plugin's hook, an answer at every point of the rule's grid)."""
+    for member in members.registry():
+        failed = contract.violations(member, tree.package)
+        row.add(f"member contract {member.bug.value}", not failed, "; ".join(failed) or "kept")
 
 
 def check_older_row_form(row: Row, tmp: str, site) -> None:
@@ -622,6 +633,7 @@ def main(argv=None) -> int:
         tree = trees.find_tree(str(site) if site else None)
         row.add("installed version", tree.version == case.version, str(tree.version))
         check_patch_tool(row, case, tree)
+        check_members(row, tree)
         base = case.version == BASE_VERSION
         for name, reason, target in (
             ("bug #1 CPU tier", case.cpu_tier, "test/srt/test_dsa_cuda_graph.py"),

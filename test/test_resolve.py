@@ -179,15 +179,17 @@ class TestResolvedBySglang(unittest.TestCase):
 
     def test_sources_as_argparse_reads_the_arguments(self):
         # In this process (no child): abbreviations are arguments, only --config values are the file's.
-        from sglang_dsa_fix import resolve
+        from sglang_dsa_fix import resolve_child
 
         argv = ["--model-path", "x", "--context-len", "4096", "--page", "16"]
-        _, given, from_config = resolve._given_and_defaults(argv)
+        _, given, from_config = resolve_child._given_and_defaults(argv)
         self.assertTrue({"context_length", "page_size"} <= given)
         self.assertEqual(from_config, set())
         config_file = self.tmp / "abbreviated.yaml"
         config_file.write_text("page-size: 64\nmodel-path: y\n")
-        parsed, given, from_config = resolve._given_and_defaults(["--config", str(config_file), *argv[2:]])
+        parsed, given, from_config = resolve_child._given_and_defaults(
+            ["--config", str(config_file), *argv[2:]]
+        )
         self.assertEqual((parsed["page_size"], parsed["model_path"]), (16, "y"))  # the command line wins
         self.assertEqual(from_config, {"model_path"})
 

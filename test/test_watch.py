@@ -682,7 +682,10 @@ class TestPlugin(unittest.TestCase):
         self.registry = HookRegistry
 
     def register(self, **env):
-        with mock.patch.dict(os.environ, env):
+        # The fixes' hooks are registered but not applied to sglang's classes here (this
+        # process's later tests drive the pristine backends; test_plugin_imports applies them in
+        # a process of its own).
+        with mock.patch.dict(os.environ, env), mock.patch.object(plugin, "_apply"):
             plugin.STATE["pid"] = None
             plugin.register()
         return {

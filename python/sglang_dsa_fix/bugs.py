@@ -2,14 +2,14 @@
 
 Pure: from the tree's states and form (``classify.read_tree``), the plugin report and the
 resolved (or static) configuration (``resolve.configuration``) to one entry per bug and the exit
-code (``judge``). The arithmetic is ``width``'s; the states and exit codes are ``verdicts``'.
+code (``judge``). The arithmetic is each member's (``members``); the states and exit codes are ``verdicts``'.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from sglang_dsa_fix import width
+from sglang_dsa_fix import members
 from sglang_dsa_fix.release import Form
 from sglang_dsa_fix.verdicts import State, Verdict, combined_exit
 from sglang_dsa_fix.verdicts import judge as judge_state
@@ -26,7 +26,7 @@ def _entry(state, plugin_info: dict, form: Form, resolved: Optional[dict]) -> di
     plugin_fixes = plugin_info["live"] and state.site is not None and state.site.hookable
     reachable, fix_holds = None, True
     if resolved is not None and state.site is not None and state.verdict is not Verdict.NOT_COVERED:
-        at = width.at_configuration(state.bug, state.verdict, state.site.found, form, resolved)
+        at = members.at_configuration(state.bug, state.verdict, state.site.found, form, resolved)
         entry["at_configuration"] = at
         reachable = at["reachable"]
         if state.verdict is Verdict.AFFECTED and state.site.affected_when:

@@ -13,7 +13,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Optional
 
-from sglang_dsa_fix import fa3_sites, graph_tables, sites, snapshot
+from sglang_dsa_fix import members, snapshot
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.release import Form
 from sglang_dsa_fix.sites import Site
@@ -70,27 +70,14 @@ def _stale_backup_advice(view: FileView) -> str:
     )
 
 
-def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
+def _state(files: TreeFiles, found: members.Found, member: members.Member) -> BugState:
+    bug = member.bug
     site = found.sites[bug]
     if site is None:
-        if bug is Bug.ROW_OVERFLOW and found.spec_v2:
-            return BugState(
-                bug,
-                Verdict.NOT_COVERED,
-                detail=(
-                    "this release sizes the req_to_token row inline in model_runner.py beside an "
-                    "opt-in spec-v2 decode reservation of another form (0.5.4: --enable-beta-spec, "
-                    "seq_lens + A instead of kv_committed_len + 2A); this tool neither judges nor "
-                    "fixes it"
-                ),
-            )
-        what = {
-            Bug.PAGE_TABLE: "no DSA/NSA backend",
-            Bug.ROW_OVERFLOW: "no spec-v2 decode reservation",
-            Bug.FA3_PAGE_TABLE: "no FlashAttention (FA3) backend",
-            **{b: f"no {layout.name} backend" for b, layout in graph_tables.LAYOUTS.items()},
-        }[bug]
-        return BugState(bug, Verdict.NOT_APPLICABLE, detail=what)
+        unjudged = member.unjudged(found)
+        if unjudged:
+            return BugState(bug, Verdict.NOT_COVERED, detail=unjudged)
+        return BugState(bug, Verdict.NOT_APPLICABLE, detail=member.absent)
     view = next(view for view in files.views.values() if view.path == site.path)
     if site.patched_here:
         original = _backup(view)
@@ -109,28 +96,11 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
         detail = (
             "" if original is not None or not files.use_backups else "no backup (patched by `git apply`?)"
         )
-        if site.legacy and bug in graph_tables.LAYOUTS:
-            detail = graph_tables.legacy_detail(bug)
-        elif site.legacy and bug is Bug.FA3_PAGE_TABLE:
-            detail = fa3_sites.LEGACY_DETAIL
-        elif site.legacy:
-            detail = (
-                "an older sglang-dsa-fix form of this change (0.2: headroom reserve - margin; 0.3 on 0.5.16 - "
-                "0.5.17, 0.4 on 0.5.18: without the allocator page's rounding): run `sglang-dsa-fix revert` "
-                "then `apply` to hold the whole reservation"
-            )
+        if site.legacy:
+            detail = member.legacy
         return BugState(bug, verdict, site, original, stale, detail)
     if site.fixed_upstream:
-        held = {
-            Bug.PAGE_TABLE: "sizes the graph page_table as wide as req_to_token",
-            Bug.ROW_OVERFLOW: "reserves the decode reservation at every page size",
-            Bug.FA3_PAGE_TABLE: "sizes the FA3 graph page tables from req_to_token",
-            **{
-                b: f"sizes the {layout.name} graph table from req_to_token"
-                for b, layout in graph_tables.LAYOUTS.items()
-            },
-        }[bug]
-        return BugState(bug, Verdict.FIXED_UPSTREAM, site, detail=held)
+        return BugState(bug, Verdict.FIXED_UPSTREAM, site, detail=member.holds)
     if site.unknown:
         return BugState(bug, Verdict.NOT_COVERED, site, detail=site.unknown)
     if _backup(view) not in (None, site.data):
@@ -140,20 +110,14 @@ def _state(files: TreeFiles, found: sites.Found, bug: Bug) -> BugState:
             f"{site.path}: {view.backup_path.name} exists but the file neither carries the fix nor "
             f"matches it: changed since sglang-dsa-fix applied it; not touching it; {_stale_backup_advice(view)}"
         )
-    detail = ""
-    if site.affected_when:
-        what = {
-            Bug.ROW_OVERFLOW: "this row sizing is",
-            Bug.FA3_PAGE_TABLE: "these graph page tables are",
-        }.get(bug, "these graph buffers are")
-        detail = f"{what} affected {site.affected_when}"
+    detail = f"{member.affected_what} affected {site.affected_when}" if site.affected_when else ""
     return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
 
 
 def states(files: TreeFiles) -> list:
     """One BugState per bug. ToolError when a file is not recognised or was hand-edited."""
-    found = sites.find(files)
-    return [_state(files, found, bug) for bug in Bug]
+    found = members.find(files)
+    return [_state(files, found, member) for member in members.registry()]
 
 
 @dataclass
@@ -176,8 +140,9 @@ def read_tree(tree: SglangTree) -> TreeReport:
     """The tree step of the verdict flow (``status.collect``): one read under the shared lock,
     then the states and the release the files say, from that read alone."""
     files = snapshot.read(tree)
-    found = sites.find(files)
-    return TreeReport(files, [_state(files, found, bug) for bug in Bug], found.form, found.form_note)
+    found = members.find(files)
+    states = [_state(files, found, member) for member in members.registry()]
+    return TreeReport(files, states, found.form, found.form_note)
 
 
 def check(tree: SglangTree, wait: bool = True, use_backups: bool = True) -> list:

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang_dsa_fix import __version__, fa3_width, graph_tables, release, watch, width
+from sglang_dsa_fix import __version__, graph_tables, members, watch
 from sglang_dsa_fix.switch import (  # noqa: F401 (the plugin's names, as sglang and tests know them)
     ENABLE_VALUES,
     ENTRY_POINT_NAMES,
@@ -124,63 +124,17 @@ def _guarded(bug: Bug, body):
     return hook
 
 
-ALREADY_WIDE = "already as wide as req_to_token"
+def _running(bug: Bug, body):
+    """A member's hook body (``members.HookPlan.body``) as the AFTER hook's: the member's entry
+    marked as ran (the width holds in this process), the body's log line said once."""
 
+    def run(result, *args, **kwargs):
+        value, line = body(_ran(bug), result, *args, **kwargs)
+        if line:
+            _once(f"ran-{bug.value}", logging.INFO, "sglang-dsa-fix: %s", line)
+        return value
 
-def _page_table_body(result, backend, *args, **kwargs):
-    changed = width.enforce(backend)
-    info = _ran(Bug.PAGE_TABLE)
-    if changed:
-        info.update(widened=list(changed), detail="")
-        _once(
-            "widened",
-            logging.INFO,
-            "sglang-dsa-fix: CUDA-graph page_table widened from %d to %d columns (req_to_token)",
-            *changed,
-        )
-    elif "widened" not in info:
-        info["detail"] = ALREADY_WIDE
-    return None  # keep sglang's result
-
-
-def _fa3_body(result, backend, *args, **kwargs):
-    changed = fa3_width.enforce(backend)
-    info = _ran(Bug.FA3_PAGE_TABLE)
-    if changed:
-        # (step, attribute, key, old, new) -> "attribute[key] old->new"
-        widened = sorted({f"{a or 'self'}[{k}] {old}->{new}" for _, a, k, old, new in changed})
-        info.update(widened=widened, detail="")
-        _once(
-            "fa3",
-            logging.INFO,
-            "sglang-dsa-fix: FA3 CUDA-graph page tables widened to req_to_token's row (%s)",
-            "; ".join(widened),
-        )
-    elif "widened" not in info:
-        info["detail"] = ALREADY_WIDE
-    return None  # keep sglang's result
-
-
-def _row_body_for(module_name: str):
-    from sglang_dsa_fix.runtime_fix import row_extra_fix
-
-    fix = row_extra_fix(module_name)
-
-    def body(result, *args, **kwargs):
-        extra = fix(result, *args, **kwargs)
-        _ran(Bug.ROW_OVERFLOW)["extra"] = [result, extra]
-        if extra != result:
-            _once(
-                "row",
-                logging.INFO,
-                "sglang-dsa-fix: req_to_token row headroom raised from "
-                "%d to %d columns past context_len (spec-v2 decode reservation)",
-                result,
-                extra,
-            )
-        return extra
-
-    return body
+    return run
 
 
 def _resolve(target: str):
@@ -406,7 +360,7 @@ class Plan:
 
 def decide(sglang=None) -> list:
     """One ``Plan`` per bug for this tree (None: the importable sglang's)."""
-    from sglang_dsa_fix import classify, sites, snapshot, tree
+    from sglang_dsa_fix import classify, snapshot, tree
 
     sglang = tree.find_tree(None) if sglang is None else sglang
     # lock=False: sglang's start-up never waits on a running apply/revert's lock.
@@ -424,19 +378,10 @@ def decide(sglang=None) -> list:
             plans.append(Plan(bug, State.AFFECTED, Hook.DISABLED, f"{KILL_SWITCH}={switch.strip()}"))
         elif not site.hookable:
             plans.append(Plan(bug, State.AFFECTED, Hook.NONE, ROW_INLINE))
-        elif bug is Bug.PAGE_TABLE:
-            layout, _ = sites.backend_file(files)
-            plans.append(Plan(bug, *hooked, target=layout.hook_target, body=_page_table_body))
-        elif bug is Bug.FA3_PAGE_TABLE:
-            plans.append(Plan(bug, *hooked, target=release.FA3_LAYOUT.hook_target, body=_fa3_body))
-        elif bug in graph_tables.LAYOUTS:
-            layout = graph_tables.LAYOUTS[bug]
-            target = ".".join((layout.module, *graph_tables.methods(site)[0]))
-            plans.append(Plan(bug, *hooked, target=target, replace=site))
         else:
-            module = ".".join(site.path.relative_to(sglang.package_parent).with_suffix("").parts)
-            target = f"{module}.get_req_to_token_extra_context_len"
-            plans.append(Plan(bug, *hooked, target=target, body=_row_body_for(module)))
+            planned = members.of(bug).hook(files, site, sglang)
+            body = planned.body and _running(bug, planned.body)
+            plans.append(Plan(bug, *hooked, target=planned.target, body=body, replace=planned.replace))
     return plans
 
 

@@ -1,4 +1,5 @@
-"""Find, in sglang's own source files, where each bug's in-tree fix goes (bug #3's: ``fa3_sites``, ``graph_tables``).
+"""Find, in sglang's own source files, where bugs #1 and #2's in-tree fix goes (bug #3's:
+``fa3_sites``, ``graph_tables``; each member's locator is named by its unit, ``members``).
 
 Nothing of sglang's source is stored here: each file is parsed (``ast``) and the change is
 computed from its bytes. A ``Site`` says where the change goes and what it inserts:
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import fa3_sites, graph_tables, release, width
+from sglang_dsa_fix import release, width
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.pysource import byte_offset, lines_above, parse
 from sglang_dsa_fix.snapshot import TreeFiles
@@ -443,44 +444,3 @@ def inline_row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[
 
 def _source_line(lines: list[bytes], node: ast.stmt) -> str:
     return lines[node.lineno - 1].strip().decode("utf-8", "replace")
-
-
-LOCATORS = {
-    Bug.PAGE_TABLE: page_table_site,
-    Bug.ROW_OVERFLOW: row_site,
-    Bug.FA3_PAGE_TABLE: fa3_sites.fa3_page_table_site,
-    **{bug: graph_tables.site_for(bug) for bug in graph_tables.LAYOUTS},
-}
-
-
-def site_in(site: Site, files: TreeFiles, data: bytes) -> Optional[Site]:
-    """The same bug's site in other bytes of the same file (a backup), or None."""
-    try:
-        return LOCATORS[site.bug](files, data)
-    except ToolError:
-        return None
-
-
-@dataclass(frozen=True)
-class Found:
-    """What one tree's files hold, for ``classify``: per bug its site (None: none here) and,
-    where the file carries this tool's change and its backup was read, the site in the backup
-    (None: the backup is not a form this tool made); the release's form."""
-
-    sites: dict
-    originals: dict
-    spec_v2: bool  # the spec-v2 decode reservation is there at all (``has_spec_v2_reservation``)
-    form: release.Form
-    form_note: str
-
-
-def find(files: TreeFiles) -> Found:
-    """Every site and the release's form, from the files read. ToolError if unrecognised."""
-    located = {bug: LOCATORS[bug](files) for bug in Bug}
-    views = {view.path: view for view in files.views.values()}
-    originals = {
-        bug: site_in(site, files, views[site.path].backup)
-        for bug, site in located.items()
-        if site is not None and site.patched_here and views[site.path].backup is not None
-    }
-    return Found(located, originals, has_spec_v2_reservation(files), *release_form(files))

@@ -18,7 +18,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_dsa_fix import classify, safe_files, sites, snapshot
+from sglang_dsa_fix import classify, members, safe_files, snapshot
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.snapshot import BACKUP_SUFFIX, locked
 from sglang_dsa_fix.tree import SglangTree
@@ -227,7 +227,7 @@ def upstream_diff(tree: SglangTree) -> bytes:
             continue
         if state.original is None:
             continue
-        original_site = sites.site_in(state.site, files, state.original)
+        original_site = members.site_in(state.site, files, state.original)
         name = tree.repo_relative(state.site.path).encode()
         chunks += difflib.diff_bytes(
             difflib.unified_diff,

@@ -30,16 +30,10 @@ class Bug(enum.Enum):
 
     @property
     def title(self) -> str:
-        return {
-            Bug.PAGE_TABLE: "bug #1 CUDA-graph page_table width (crash)",
-            Bug.ROW_OVERFLOW: "bug #2 req_to_token row overflow (silent corruption)",
-            Bug.FA3_PAGE_TABLE: "bug #3 FA3 CUDA-graph page tables (crash)",
-            Bug.TRTLLM_MHA_PAGE_TABLE: "bug #3 TRT-LLM MHA CUDA-graph page tables (crash)",
-            Bug.TRTLLM_MLA_KV_INDICES: "bug #3 TRT-LLM MLA CUDA-graph block table (and 0.5.13 - 0.5.16 verify mask) (crash)",
-            Bug.FLASHMLA_KV_INDICES: "bug #3 FlashMLA CUDA-graph block table (and 0.5.16 verify mask) (crash)",
-            Bug.MINIMAX_NVFP4_PAGE_TABLE: "bug #3 MiniMax sparse NVFP4 decode-plan page table (crash)",
-            Bug.TRITON_KV_INDICES: "bug #3 Triton verify mask and draft kv_indices (crash)",
-        }[self]
+        """The member's title (``members``: each member's unit holds its texts)."""
+        from sglang_dsa_fix import members
+
+        return members.of(self).title
 
 
 class Verdict(enum.Enum):

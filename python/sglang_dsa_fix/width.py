@@ -1,4 +1,6 @@
-"""The width rules of bugs #1 and #2, each written once, and every bug at a configuration.
+"""The width arithmetic every member shares, written once: bug #1's graph page_table width and
+its runtime fix, bug #2's row headroom, the longest verify, and a configuration's inputs
+(``configuration_inputs``); each member's rule at a configuration is its unit's (``members``).
 
 Bug #1 (crash): the CUDA-graph ``page_table`` of the DSA/NSA backend must be exactly as wide as
 ``req_to_token``. Replay copies ``req_to_token[idx, :k]`` into ``page_table[:, :k]`` with ``k`` up
@@ -25,14 +27,11 @@ This module imports no torch and no sglang at import time.
 from __future__ import annotations
 
 import ast
-import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
-from sglang_dsa_fix import graph_tables, release
 from sglang_dsa_fix.release import Form
-from sglang_dsa_fix.verdicts import Bug, Verdict
 
 # The ``basis`` of a configuration sglang did not resolve (``resolve.unresolved``): no numbers,
 # so every bug the configuration decides is ``cannot_tell``.
@@ -329,8 +328,7 @@ def fixed_row_extra(form: Form, shape: SpecShape) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# Each bug at a configuration (``bugs.judge`` turns it into a state). Bug #3's table arithmetic
-# sits here beside the others; its rule and runtime fix are ``fa3_width``'s.
+# The shared arithmetic of a configuration: what every member's rule (``members``) reads.
 
 
 def pages_read(cache_seqlen: int, page_size: int) -> int:
@@ -352,23 +350,6 @@ def longest_verify_pages(context_len: int, num_draft_tokens: int, page_size: int
     return pages_read(longest + num_draft_tokens, page_size)
 
 
-# What the row arithmetic says beside the numbers, per decode prepare (``release.DECODE_PREPARE``).
-PREPARE_NOTES = {
-    release.DFLASH_PREPARE: (
-        "DFLASH (and DSPARK, its family) reserves 2 x block in its own decode path "
-        "(DFlashDraftInputV2.prepare_for_decode, speculative/dflash_info_v2.py 0.5.17:113, "
-        "0.5.23:114) with no row check; judged from get_alloc_reserve_per_decode(), which equals "
-        "that at steps = topk = 1; `--prove` drives that prepare itself on CPU; both fixes raise "
-        "the row to it"
-    ),
-    release.UNO_PREPARE: (
-        "UNO reserves 2 x (D + 1) in its own decode path and raises where it would pass the row "
-        "(speculative/uno_info.py 0.5.20:141-146): a refused request, not a silent overflow; "
-        "judged from sglang's own sizing, which holds that reservation from 0.5.20"
-    ),
-}
-
-
 def decode_backend(config: dict) -> Optional[str]:
     """The attention backend decode (and its CUDA graphs) runs: sglang's
     --decode-attention-backend where set, else --attention-backend."""
@@ -385,10 +366,14 @@ def verify_backend(config: dict) -> Optional[str]:
 
 
 def configuration_inputs(resolved: dict) -> dict:
-    """What the per-bug arithmetic reads, from a resolved (or static) configuration."""
+    """What every member's rule reads (``members``), from a resolved (or static) configuration:
+    sglang's numbers and the backends it picked; each member judges its own reach from them."""
     config, widths = resolved["configuration"], resolved["widths"]
     algorithm = config.get("speculative_algorithm")
-    inputs = {
+    resolved_by_sglang = resolved.get("basis") == "sglang"
+    return {
+        "config": config,
+        "algorithm": algorithm,
         "context_len": config["context_length"],
         "num_draft_tokens": config.get("speculative_num_draft_tokens") or 0,
         "overlap": not config.get("disable_overlap_schedule"),
@@ -399,308 +384,11 @@ def configuration_inputs(resolved: dict) -> dict:
         "graph_page_table_width": widths.get("graph_page_table_width"),
         "graph_page_table_from": widths.get("graph_page_table_from"),
         "graph_page_table_error": widths.get("graph_page_table_error"),
-        "resolved": resolved.get("basis") == "sglang",
+        "resolved": resolved_by_sglang,
+        "no_speculative_decoding": resolved_by_sglang and not algorithm,
         "page_size": config.get("page_size") or 1,
         "topk": config.get("speculative_eagle_topk") or 1,
         "cuda_graphs_disabled": bool(config.get("disable_cuda_graph")),
+        "decode_backend": decode_backend(config),
+        "verify_backend": verify_backend(config),
     }
-    prepare = release.DECODE_PREPARE.get("NONE" if not algorithm else str(algorithm).upper(), "unknown")
-    inputs["preclaims_bonus"] = prepare != release.DFLASH_PREPARE
-    if prepare in PREPARE_NOTES:
-        inputs["row_note"] = PREPARE_NOTES[prepare]
-    if prepare == "unknown":
-        inputs["row_cannot_tell"] = (
-            f"speculative algorithm {algorithm}: this tool has no rule for its decode path "
-            "(release.DECODE_PREPARE)"
-        )
-    backend = decode_backend(config)
-    verify = verify_backend(config)
-    if resolved.get("basis") == "sglang" and not algorithm:
-        inputs["page_table_not_reachable"] = inputs["row_not_reachable"] = "no speculative decoding"
-        inputs["fa3_not_reachable"] = "no speculative decoding"
-    elif config.get("disable_cuda_graph"):
-        inputs["page_table_not_reachable"] = inputs["fa3_not_reachable"] = "CUDA graphs disabled"
-    elif resolved.get("basis") == "sglang":
-        if backend not in release.DSA_BACKENDS:
-            inputs["page_table_not_reachable"] = (
-                f"decode attention backend {backend}: no DSA/NSA graph page_table"
-            )
-        if verify not in release.FA3_BACKENDS and backend not in release.FA3_BACKENDS:
-            inputs["fa3_not_reachable"] = (
-                f"verify / decode attention backend {verify} / {backend}: not FlashAttention (FA3)"
-            )
-    if algorithm and config.get("speculative_runs_spec_v2") is False:
-        inputs["row_not_reachable"] = (
-            f"{algorithm} runs sglang's spec-v1 decode path here (ScheduleBatch.is_spec_v2 is False): "
-            "no spec-v2 decode reservation"
-        )
-    if resolved.get("basis") != "sglang":
-        inputs["fa3_not_reachable"] = (
-            "static rule: the shape flags describe bug #1's DSA deployment, which runs no FA3 "
-            "(give the launch arguments after `--` to judge an FA3 deployment)"
-        )
-    inputs["graph_not_reachable"] = {
-        bug: graph_table_not_reachable(layout, resolved, config, backend, verify)
-        for bug, layout in graph_tables.LAYOUTS.items()
-    }
-    return inputs
-
-
-def graph_table_not_reachable(layout, resolved: dict, config: dict, backend, verify) -> str:
-    """Why a relative of bug #3 (``release.GRAPH_TABLE_LAYOUTS``) is not reached at this
-    configuration; "" where it is."""
-    if resolved.get("basis") != "sglang":
-        return (
-            f"static rule: the shape flags describe bug #1's DSA deployment, which runs no {layout.name} "
-            "(give the launch arguments after `--` to judge it)"
-        )
-    if not config.get("speculative_algorithm"):
-        return "no speculative decoding"
-    draft = config.get("speculative_draft_attention_backend") or backend
-    if config.get("disable_cuda_graph"):
-        if not layout.eager:
-            return "CUDA graphs disabled"
-        if draft not in layout.backends:  # eager, only the draft decode's buffer is sized from C
-            return f"CUDA graphs disabled and draft attention backend {draft}: not {layout.name}"
-    if layout.backends:
-        if not {verify, backend, draft} & set(layout.backends):
-            return (
-                f"verify / decode / draft attention backend {verify} / {backend} / {draft}: not {layout.name}"
-            )
-    elif config.get("model_attention_backend") not in [name for name, _ in layout.classes]:
-        return f"sglang picks {layout.name} by the model (not this one)"
-    return ""
-
-
-def page_table_at(verdict, found: str, inputs: dict) -> dict:
-    """Bug #1 at a configuration: the pool and graph buffer widths, and whether the longest
-    target_verify the scheduler can run reads past the buffer (``width.verify_seq_len_bound``,
-    observed on the H200 at D 5, checked by the CPU driver on 0.5.14: test/srt/test_verify_reach.py)."""
-    C, D = inputs["context_len"], inputs["num_draft_tokens"]
-    pool = C + inputs["row_extra"]
-    buffer, source = inputs.get("graph_page_table_width"), inputs.get("graph_page_table_from")
-    if buffer is None:  # the static rule: the file's own expression at this shape
-        source = "static rule: the file's width expression"
-        if inputs.get("graph_page_table_error"):
-            source += f" (init_cuda_graph_state could not run here: {inputs['graph_page_table_error']})"
-        if verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE):
-            buffer = pool
-        else:
-            buffer = evaluate_page_table_expression(found, C, D, pool)
-    longest = verify_seq_len_bound(C, D, inputs["overlap"])
-    out = {
-        "req_to_token_width": pool,
-        "graph_page_table_width": buffer,
-        "graph_page_table_from": source,
-        "longest_verify_seq_len": longest,
-    }
-    if inputs.get("page_table_not_reachable"):
-        out.update(reachable=False, why_not=inputs["page_table_not_reachable"])
-    elif buffer is None:
-        out["reachable"] = None
-    else:
-        # The replay copies min(seq_len + D, pool) columns of req_to_token into the buffer
-        # (slices clamp): only a pool wider than the buffer can overflow it.
-        out["reachable"] = longest + D > buffer and pool > buffer
-        out["overflowing_seq_lens"] = [buffer - D + 1, longest] if out["reachable"] else None
-    return out
-
-
-def fa3_at(verdict, inputs: dict) -> dict:
-    """Bug #3 at a configuration: the pages of the longest verify's read (topk 1) against the FA3
-    graph tables' pages, sglang's (ceil(context_len / page), every release 0.5.4 - 0.5.23) or the
-    rule's (req_to_token's row, ``fa3_width``), now and with the fix."""
-    if inputs.get("fa3_not_reachable"):
-        return {"reachable": False, "why_not": inputs["fa3_not_reachable"]}
-    if inputs["topk"] > 1:
-        return {
-            "reachable": None,
-            "cannot_tell": "topk > 1: FA3 verifies through its token-wide topk > 1 tables, which "
-            "this tool's rule (topk 1) does not judge",
-        }
-    C, D, page = inputs["context_len"], inputs["num_draft_tokens"], inputs["page_size"]
-    pool = C + inputs["row_extra"]
-    pool_with_fix = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
-    fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
-    table = graph_table_pages(pool if fixed else C, page)
-    read = longest_verify_pages(C, D, page, inputs["overlap"])
-    with_fix = graph_table_pages(pool_with_fix, page)
-    return {
-        "graph_page_table_pages": table,
-        "graph_page_table_from": (
-            "static rule: "
-            + ("req_to_token's width in pages" if fixed else "ceil(context_len / page_size)")
-            + " (FlashAttentionBackend.init_cuda_graph_state)"
-        ),
-        "longest_verify_pages_read": read,
-        "pages_past_table": max(0, read - table),
-        "graph_page_table_pages_with_fix": with_fix,
-        "pages_past_table_with_fix": max(0, read - with_fix),
-        "reachable": read > table,
-    }
-
-
-def relative_table_pages(bug, tokens: int, page: int) -> int:
-    """Pages of a relative of bug #3's graph table (``graph_tables``) when its width expression
-    reads ``tokens`` (sglang's own arithmetic, as the static rule: 0.5.23 trtllm_mha_backend.py:
-    351-353, trtllm_mla_backend.py:336-357, flashmla_backend.py:282,
-    minimax_sparse_nvfp4_backend.py:213)."""
-    pages = -(-tokens // page)
-    if bug is Bug.TRTLLM_MLA_KV_INDICES:
-        # _calc_padded_blocks: a multiple of lcm(128 / page, 4096-token Triton blocks in pages).
-        step = math.lcm(max(1, 128 // page), max(1, 4096 // page))
-        return -(-pages // step) * step
-    if bug is Bug.FLASHMLA_KV_INDICES:
-        return (tokens + page) // page
-    return max(1, pages)
-
-
-def flat_buffers_at(verdict, found: str, inputs: dict) -> dict:
-    """Triton's flat buffers (``release.GRAPH_TABLE_LAYOUTS``, reach "batch") at a configuration,
-    per request of a batch whose every request is at the longest verify's seq_len s: the draft
-    decode's last step writes s + D - 1 kv_indices into a row of C per request; the verify mask
-    needs D * (s + D) cells of D * C per request (D * (C + D) where the file sizes it through
-    ``max_context_len=``, 0.5.17+). With the fix, req_to_token's row instead of C."""
-    C, D = inputs["context_len"], inputs["num_draft_tokens"]
-    s = verify_seq_len_bound(C, D, inputs["overlap"])
-    fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
-    row = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
-    per_token = (lambda width: width + D) if "max_context_len=" in found else (lambda width: width)
-    now = C + inputs["row_extra"] if fixed else C  # the tree's own row, as fa3_at reads it
-    draft, mask = s + D - 1, D * (s + D)
-    if inputs["cuda_graphs_disabled"]:
-        # Eager: the draft decode sizes its kv_indices per batch from C (0.5.14
-        # triton_backend.py:1507, 0.5.23 :2718), a lone request's row of C entries, so one
-        # request at s writes s + D - 1 (test_graph_tables_flat_buffers.py drives it); the
-        # verify's mask is built per batch, not from C.
-        return {
-            "draft_kv_indices_per_request": now,
-            "draft_kv_indices_needed": draft,
-            "from": "static rule: Triton's eager draft width expression over "
-            + ("req_to_token's width" if fixed else "context_len"),
-            "reachable_with_fix": draft > row,
-            "reachable": draft > now,
-            "when": f"a request at seq_len {s} (CUDA graphs disabled: the eager draft decode's buffer is "
-            "sized per batch, so a lone request reaches it)",
-        }
-    return {
-        "draft_kv_indices_per_request": now,
-        "draft_kv_indices_needed": draft,
-        "verify_mask_cells_per_request": D * per_token(now),
-        "verify_mask_cells_needed": mask,
-        "from": "static rule: Triton's width expressions over "
-        + ("req_to_token's width" if fixed else "context_len"),
-        "reachable_with_fix": draft > row or mask > D * per_token(row),
-        "reachable": draft > now or mask > D * per_token(now),
-        "when": f"every request of the largest captured batch at seq_len {s} (the longest verify's)",
-    }
-
-
-def graph_table_at(bug, verdict, found: str, inputs: dict) -> dict:
-    """A relative of bug #3 at a configuration, as ``fa3_at``: the longest verify's pages against
-    the backend's graph table (``relative_table_pages``: its own expression over
-    context_len, or over req_to_token's row with the fix)."""
-    why = inputs["graph_not_reachable"][bug]
-    if why:
-        return {"reachable": False, "why_not": why}
-    layout = graph_tables.LAYOUTS[bug]
-    if inputs["topk"] > 1:
-        return {"reachable": None, "cannot_tell": f"topk > 1: this tool's rule for {layout.name} is topk 1's"}
-    if layout.reach == "batch":
-        return flat_buffers_at(verdict, found, inputs)
-    C, D = inputs["context_len"], inputs["num_draft_tokens"]
-    page = layout.page_size or inputs["page_size"]
-    pool = C + inputs["row_extra"]
-    pool_with_fix = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
-    fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
-    table = relative_table_pages(bug, pool if fixed else C, page)
-    read = longest_verify_pages(C, D, page, inputs["overlap"])
-    with_fix = relative_table_pages(bug, pool_with_fix, page)
-    over = "req_to_token's width" if fixed else "context_len"
-    out = {
-        "graph_page_table_pages": table,
-        "graph_page_table_from": f"static rule: {layout.name}'s width expression over {over}",
-        "longest_verify_pages_read": read,
-        "pages_past_table": max(0, read - table),
-        "graph_page_table_pages_with_fix": with_fix,
-        "pages_past_table_with_fix": max(0, read - with_fix),
-        "reachable": read > table,
-    }
-    if release.VERIFY_MASK_EXPR in found:
-        # The verify tree mask (TRT-LLM MLA 0.5.13 - 0.5.16, FlashMLA 0.5.16): D * (C + D) cells
-        # a request; the tree builder writes D * (s + D) a request, with every request of the
-        # largest captured batch at the longest verify's s (test/srt/test_graph_tables_mla_mask.py).
-        s = verify_seq_len_bound(C, D, inputs["overlap"])
-        cells, needed, with_fix = D * ((pool if fixed else C) + D), D * (s + D), D * (pool_with_fix + D)
-        out.update(
-            verify_mask_cells_per_request=cells,
-            verify_mask_cells_needed=needed,
-            verify_mask_cells_with_fix=with_fix,
-            reachable=out["reachable"] or needed > cells,
-            reachable_with_fix=out["pages_past_table_with_fix"] > 0 or needed > with_fix,
-        )
-    return out
-
-
-def row_at(verdict, form: Form, inputs: dict) -> dict:
-    """Bug #2 at a configuration, from the row headroom and the decode reservation (sglang's own
-    numbers where resolved): how far the last reservation writes past the row end, now and with
-    either fix (``width.row_extra_floor``: the reservation plus the allocator page's rounding)."""
-    if inputs.get("row_not_reachable"):
-        return {"reachable": False, "why_not": inputs["row_not_reachable"]}
-    extra, reserve, page = inputs["row_extra"], inputs["decode_reserve"], inputs["alloc_page_size"]
-    need = required_row_extra(
-        reserve, page, form, inputs["overlap"], inputs["preclaims_bonus"], inputs["context_len"]
-    )
-    align = page if form.page_aligns_reservation else 1
-    # Resolved by sglang: the plugin's own hook ran on sglang's numbers (runtime_fix); the
-    # in-tree form computes the same. Else the rule: the reservation and the page's rounding.
-    with_fix = inputs["row_extra_with_plugin"] or max(extra, row_extra_floor(reserve, align))
-    # Resolved by sglang, the headroom is the tree's own function, an in-tree change included;
-    # the static rule mirrors the pristine function, so a tree whose files hold the reservation
-    # (patched, or fixed upstream) gets the fix's number.
-    fixed = verdict in (Verdict.FIXED_IN_TREE, Verdict.FIXED_UPSTREAM)
-    now = with_fix if fixed and not inputs["resolved"] else extra
-    columns = max(0, need - now)
-    return {
-        **({"note": inputs["row_note"]} if "row_note" in inputs else {}),
-        "row_extra": now,
-        "decode_reserve": reserve,
-        "alloc_page_size": page,
-        "row_extra_needed": need,
-        "row_extra_with_fix": with_fix,
-        "columns_past_row_end": columns,
-        "columns_past_row_end_with_fix": max(0, need - with_fix),
-        "reachable": columns > 0,
-    }
-
-
-def measured(at: dict, prove: dict) -> dict:
-    """``status --prove``: what sglang's real decode path wrote, beside the arithmetic."""
-    if "columns_past_row_end" not in prove or "columns_past_row_end" not in at:
-        return prove
-    agrees = prove["columns_past_row_end"] == at["columns_past_row_end"]
-    out = {**prove, "agrees_with_arithmetic": agrees}
-    if not agrees:  # the drive ran sglang's own decode path; the arithmetic is this tool's model
-        out["sglang_behaviour"] = "measured"
-    return out
-
-
-def at_configuration(bug, verdict, found: str, form: Form, resolved: dict) -> dict:
-    """One bug at a resolved (or static) configuration: its widths, whether it is reached
-    (``reachable``: True / False / None, or ``cannot_tell``), and the same with the fix."""
-    if resolved.get("basis") == UNRESOLVED:
-        return {"reachable": None, "cannot_tell": "sglang did not resolve the launch arguments"}
-    inputs = configuration_inputs(resolved)
-    if bug is Bug.PAGE_TABLE:
-        return page_table_at(verdict, found, inputs)
-    if bug is Bug.FA3_PAGE_TABLE:
-        return fa3_at(verdict, inputs)
-    if bug in graph_tables.LAYOUTS:
-        return graph_table_at(bug, verdict, found, inputs)
-    if "row_cannot_tell" in inputs:
-        return {"reachable": None, "cannot_tell": inputs["row_cannot_tell"]}
-    at = row_at(verdict, form, inputs)
-    if "prove" in resolved:
-        at["measured"] = measured(at, resolved["prove"])
-    return at

@@ -58,6 +58,7 @@ import graph_backends as g
 import torch
 
 from sglang_dsa_fix import graph_tables, live_edit, width
+from sglang_dsa_fix.members import graph_table
 from sglang_dsa_fix.proof.replay import installed_form
 from sglang_dsa_fix.verdicts import Bug
 
@@ -111,7 +112,9 @@ def plugin_form(module, bug: Bug, class_name: str = ""):
 def holds_rule(test, m, bug: Bug, pool, page: int) -> None:
     """The fixed table: as wide as the rule says (sglang's expression over req_to_token's row),
     every read inside the request's own row and equal to its own page ids, nothing written past."""
-    test.assertEqual(m.width, width.relative_table_pages(bug, int(pool.req_to_token.shape[1]), page))
+    test.assertEqual(
+        m.width, graph_table.table_pages(graph_tables.LAYOUTS[bug], int(pool.req_to_token.shape[1]), page)
+    )
     for row in m.rows:
         test.assertEqual((row.right, row.neighbour, row.past), (row.pages, 0, 0))
     test.assertEqual(m.writes_past_end, 0)

@@ -1,0 +1,190 @@
+"""Bug #3's relatives: the same graph-table shape in other backends (TRT-LLM MHA / MLA,
+FlashMLA, MiniMax sparse NVFP4, Triton's flat buffers), one member per
+``release.GRAPH_TABLE_LAYOUTS`` entry. The in-tree change is ``graph_tables``' (each width
+expression over ``req_to_token``'s row); the plugin runs those methods compiled with it
+(``live_edit``, REPLACE hooks)."""
+
+from __future__ import annotations
+
+import math
+
+from sglang_dsa_fix import graph_tables, release, width
+from sglang_dsa_fix.members import HookPlan, Member
+from sglang_dsa_fix.verdicts import Bug, Verdict
+
+# The family watch's replay check of each layout's backend; MiniMax has none yet.
+WATCH = {
+    "trtllm_mha_page_table": release.TRTLLM_MHA_REPLAY,
+    "trtllm_mla_kv_indices": release.TRTLLM_MLA_REPLAY,
+    "flashmla_kv_indices": release.FLASHMLA_REPLAY,
+    "triton_kv_indices": release.TRITON_REPLAY,
+}
+UNWATCHED = "the family watch has no replay check for this backend yet"
+
+
+def why_not(layout, inputs: dict) -> str:
+    """Why this relative is not reached at this configuration; "" where it may be."""
+    if not inputs["resolved"]:
+        return (
+            f"static rule: the shape flags describe bug #1's DSA deployment, which runs no {layout.name} "
+            "(give the launch arguments after `--` to judge it)"
+        )
+    config = inputs["config"]
+    if not inputs["algorithm"]:
+        return "no speculative decoding"
+    verify, backend = inputs["verify_backend"], inputs["decode_backend"]
+    draft = config.get("speculative_draft_attention_backend") or backend
+    if inputs["cuda_graphs_disabled"]:
+        if not layout.eager:
+            return "CUDA graphs disabled"
+        if draft not in layout.backends:  # eager, only the draft decode's buffer is sized from C
+            return f"CUDA graphs disabled and draft attention backend {draft}: not {layout.name}"
+    if layout.backends:
+        if not {verify, backend, draft} & set(layout.backends):
+            return (
+                f"verify / decode / draft attention backend {verify} / {backend} / {draft}: not {layout.name}"
+            )
+    elif config.get("model_attention_backend") not in [name for name, _ in layout.classes]:
+        return f"sglang picks {layout.name} by the model (not this one)"
+    return ""
+
+
+def table_pages(layout, tokens: int, page: int) -> int:
+    """Pages of the layout's graph table when its width expression reads ``tokens`` (sglang's
+    own arithmetic, as the static rule: 0.5.23 trtllm_mha_backend.py:351-353,
+    trtllm_mla_backend.py:336-357, flashmla_backend.py:282, minimax_sparse_nvfp4_backend.py:213)."""
+    pages = -(-tokens // page)
+    if layout.key == "trtllm_mla_kv_indices":
+        # _calc_padded_blocks: a multiple of lcm(128 / page, 4096-token Triton blocks in pages).
+        step = math.lcm(max(1, 128 // page), max(1, 4096 // page))
+        return -(-pages // step) * step
+    if layout.key == "flashmla_kv_indices":
+        return (tokens + page) // page
+    return max(1, pages)
+
+
+def flat_buffers_rule(verdict, found: str, inputs: dict) -> dict:
+    """Triton's flat buffers (reach "batch") at a configuration, per request of a batch whose
+    every request is at the longest verify's seq_len s: the draft decode's last step writes
+    s + D - 1 kv_indices into a row of C per request; the verify mask needs D * (s + D) cells of
+    D * C per request (D * (C + D) where the file sizes it through ``max_context_len=``,
+    0.5.17+). With the fix, req_to_token's row instead of C."""
+    C, D = inputs["context_len"], inputs["num_draft_tokens"]
+    s = width.verify_seq_len_bound(C, D, inputs["overlap"])
+    fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
+    row = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
+    per_token = (lambda w: w + D) if "max_context_len=" in found else (lambda w: w)
+    now = C + inputs["row_extra"] if fixed else C  # the tree's own row, as the FA3 rule reads it
+    draft, mask = s + D - 1, D * (s + D)
+    if inputs["cuda_graphs_disabled"]:
+        # Eager: the draft decode sizes its kv_indices per batch from C (0.5.14
+        # triton_backend.py:1507, 0.5.23 :2718), a lone request's row of C entries, so one
+        # request at s writes s + D - 1 (test_graph_tables_flat_buffers.py drives it); the
+        # verify's mask is built per batch, not from C.
+        return {
+            "draft_kv_indices_per_request": now,
+            "draft_kv_indices_needed": draft,
+            "from": "static rule: Triton's eager draft width expression over "
+            + ("req_to_token's width" if fixed else "context_len"),
+            "reachable_with_fix": draft > row,
+            "reachable": draft > now,
+            "when": f"a request at seq_len {s} (CUDA graphs disabled: the eager draft decode's buffer is "
+            "sized per batch, so a lone request reaches it)",
+        }
+    return {
+        "draft_kv_indices_per_request": now,
+        "draft_kv_indices_needed": draft,
+        "verify_mask_cells_per_request": D * per_token(now),
+        "verify_mask_cells_needed": mask,
+        "from": "static rule: Triton's width expressions over "
+        + ("req_to_token's width" if fixed else "context_len"),
+        "reachable_with_fix": draft > row or mask > D * per_token(row),
+        "reachable": draft > now or mask > D * per_token(now),
+        "when": f"every request of the largest captured batch at seq_len {s} (the longest verify's)",
+    }
+
+
+def rule_for(layout):
+    def rule(verdict, found: str, form, inputs: dict, resolved: dict) -> dict:
+        """The longest verify's pages against the backend's graph table (``table_pages``: its
+        own expression over context_len, or over req_to_token's row with the fix)."""
+        why = why_not(layout, inputs)
+        if why:
+            return {"reachable": False, "why_not": why}
+        if inputs["topk"] > 1:
+            return {
+                "reachable": None,
+                "cannot_tell": f"topk > 1: this tool's rule for {layout.name} is topk 1's",
+            }
+        if layout.reach == "batch":
+            return flat_buffers_rule(verdict, found, inputs)
+        C, D = inputs["context_len"], inputs["num_draft_tokens"]
+        page = layout.page_size or inputs["page_size"]
+        pool = C + inputs["row_extra"]
+        pool_with_fix = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
+        fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
+        table = table_pages(layout, pool if fixed else C, page)
+        read = width.longest_verify_pages(C, D, page, inputs["overlap"])
+        with_fix = table_pages(layout, pool_with_fix, page)
+        over = "req_to_token's width" if fixed else "context_len"
+        out = {
+            "graph_page_table_pages": table,
+            "graph_page_table_from": f"static rule: {layout.name}'s width expression over {over}",
+            "longest_verify_pages_read": read,
+            "pages_past_table": max(0, read - table),
+            "graph_page_table_pages_with_fix": with_fix,
+            "pages_past_table_with_fix": max(0, read - with_fix),
+            "reachable": read > table,
+        }
+        if release.VERIFY_MASK_EXPR in found:
+            # The verify tree mask (TRT-LLM MLA 0.5.13 - 0.5.16, FlashMLA 0.5.16): D * (C + D)
+            # cells a request; the tree builder writes D * (s + D) a request, with every request
+            # of the largest captured batch at the longest verify's s
+            # (test/srt/test_graph_tables_mla_mask.py).
+            s = width.verify_seq_len_bound(C, D, inputs["overlap"])
+            cells, needed, with_fix = D * ((pool if fixed else C) + D), D * (s + D), D * (pool_with_fix + D)
+            out.update(
+                verify_mask_cells_per_request=cells,
+                verify_mask_cells_needed=needed,
+                verify_mask_cells_with_fix=with_fix,
+                reachable=out["reachable"] or needed > cells,
+                reachable_with_fix=out["pages_past_table_with_fix"] > 0 or needed > with_fix,
+            )
+        return out
+
+    return rule
+
+
+def hook_for(layout):
+    def hook(files, site, sglang) -> HookPlan:
+        return HookPlan(".".join((layout.module, *graph_tables.methods(site)[0])), replace=site)
+
+    return hook
+
+
+def member(layout) -> Member:
+    bug = Bug(layout.key)
+    return Member(
+        bug=bug,
+        title=TITLES[layout.key],
+        absent=f"no {layout.name} backend",
+        holds=f"sizes the {layout.name} graph table from req_to_token",
+        affected_what="these graph buffers are",
+        legacy=graph_tables.legacy_detail(bug),
+        locate=graph_tables.site_for(bug),
+        rule=rule_for(layout),
+        hook=hook_for(layout),
+        watch=(WATCH[layout.key],) if layout.key in WATCH else (),
+        unwatched="" if layout.key in WATCH else UNWATCHED,
+    )
+
+
+TITLES = {
+    "trtllm_mha_page_table": "bug #3 TRT-LLM MHA CUDA-graph page tables (crash)",
+    "trtllm_mla_kv_indices": "bug #3 TRT-LLM MLA CUDA-graph block table (and 0.5.13 - 0.5.16 verify mask) (crash)",
+    "flashmla_kv_indices": "bug #3 FlashMLA CUDA-graph block table (and 0.5.16 verify mask) (crash)",
+    "minimax_nvfp4_page_table": "bug #3 MiniMax sparse NVFP4 decode-plan page table (crash)",
+    "triton_kv_indices": "bug #3 Triton verify mask and draft kv_indices (crash)",
+}
+
+MEMBERS = tuple(member(layout) for layout in release.GRAPH_TABLE_LAYOUTS)

@@ -1,0 +1,87 @@
+"""Bug #1: the DSA / NSA backend's CUDA-graph ``page_table``, narrower than ``req_to_token``
+(0.5.4 - 0.5.14; upstream #30570, fixed by #29379 in 0.5.15). Its rule is ``width``'s (the
+runtime fix, ``width.enforce``), its in-tree change ``sites.page_table_site``."""
+
+from __future__ import annotations
+
+from sglang_dsa_fix import release, sites, width
+from sglang_dsa_fix.members import ALREADY_WIDE, HookPlan, Member
+from sglang_dsa_fix.verdicts import Bug, Verdict
+
+
+def why_not(inputs: dict) -> str:
+    """Why the graph page_table is not reached at this configuration; "" where it may be."""
+    if inputs["no_speculative_decoding"]:
+        return "no speculative decoding"
+    if inputs["cuda_graphs_disabled"]:
+        return "CUDA graphs disabled"
+    if inputs["resolved"] and inputs["decode_backend"] not in release.DSA_BACKENDS:
+        return f"decode attention backend {inputs['decode_backend']}: no DSA/NSA graph page_table"
+    return ""
+
+
+def rule(verdict, found: str, form, inputs: dict, resolved: dict) -> dict:
+    """The pool and graph buffer widths, and whether the longest target_verify the scheduler can
+    run reads past the buffer (``width.verify_seq_len_bound``, observed on the H200 at D 5,
+    checked by the CPU driver on 0.5.14: test/srt/test_verify_reach.py)."""
+    C, D = inputs["context_len"], inputs["num_draft_tokens"]
+    pool = C + inputs["row_extra"]
+    buffer, source = inputs.get("graph_page_table_width"), inputs.get("graph_page_table_from")
+    if buffer is None:  # the static rule: the file's own expression at this shape
+        source = "static rule: the file's width expression"
+        if inputs.get("graph_page_table_error"):
+            source += f" (init_cuda_graph_state could not run here: {inputs['graph_page_table_error']})"
+        if verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE):
+            buffer = pool
+        else:
+            buffer = width.evaluate_page_table_expression(found, C, D, pool)
+    longest = width.verify_seq_len_bound(C, D, inputs["overlap"])
+    out = {
+        "req_to_token_width": pool,
+        "graph_page_table_width": buffer,
+        "graph_page_table_from": source,
+        "longest_verify_seq_len": longest,
+    }
+    if why_not(inputs):
+        out.update(reachable=False, why_not=why_not(inputs))
+    elif buffer is None:
+        out["reachable"] = None
+    else:
+        # The replay copies min(seq_len + D, pool) columns of req_to_token into the buffer
+        # (slices clamp): only a pool wider than the buffer can overflow it.
+        out["reachable"] = longest + D > buffer and pool > buffer
+        out["overflowing_seq_lens"] = [buffer - D + 1, longest] if out["reachable"] else None
+    return out
+
+
+def run_enforce(info: dict, result, backend, *args, **kwargs):
+    """After ``init_cuda_graph_state``: the graph page_table as wide as req_to_token."""
+    changed = width.enforce(backend)
+    if changed:
+        info.update(widened=list(changed), detail="")
+        old, new = changed
+        return None, f"CUDA-graph page_table widened from {old} to {new} columns (req_to_token)"
+    if "widened" not in info:
+        info["detail"] = ALREADY_WIDE
+    return None, None  # keep sglang's result
+
+
+def hook(files, site, sglang) -> HookPlan:
+    layout, _ = sites.backend_file(files)
+    return HookPlan(layout.hook_target, body=run_enforce)
+
+
+MEMBERS = (
+    Member(
+        bug=Bug.PAGE_TABLE,
+        title="bug #1 CUDA-graph page_table width (crash)",
+        absent="no DSA/NSA backend",
+        holds="sizes the graph page_table as wide as req_to_token",
+        affected_what="this graph page_table is",
+        legacy="",
+        locate=sites.page_table_site,
+        rule=rule,
+        hook=hook,
+        watch=(release.DSA_REPLAY,),
+    ),
+)

@@ -1,0 +1,148 @@
+"""Bug #2: the spec-v2 decode reservation writes past a request's ``req_to_token`` row into the
+next request's (0.5.9 - newest; DFLASH / DSPARK reserve 2 x block the same way). Its rule is
+``width``'s row arithmetic, its runtime fix ``runtime_fix.row_extra_fix``, its in-tree change
+``sites.row_site`` (the sizing function) or ``sites.inline_row_site`` (0.5.9 - 0.5.12)."""
+
+from __future__ import annotations
+
+from sglang_dsa_fix import release, sites, width
+from sglang_dsa_fix.members import HookPlan, Member
+from sglang_dsa_fix.verdicts import Bug, Verdict
+
+# What the row arithmetic says beside the numbers, per decode prepare (``release.DECODE_PREPARE``).
+PREPARE_NOTES = {
+    release.DFLASH_PREPARE: (
+        "DFLASH (and DSPARK, its family) reserves 2 x block in its own decode path "
+        "(DFlashDraftInputV2.prepare_for_decode, speculative/dflash_info_v2.py 0.5.17:113, "
+        "0.5.23:114) with no row check; judged from get_alloc_reserve_per_decode(), which equals "
+        "that at steps = topk = 1; `--prove` drives that prepare itself on CPU; both fixes raise "
+        "the row to it"
+    ),
+    release.UNO_PREPARE: (
+        "UNO reserves 2 x (D + 1) in its own decode path and raises where it would pass the row "
+        "(speculative/uno_info.py 0.5.20:141-146): a refused request, not a silent overflow; "
+        "judged from sglang's own sizing, which holds that reservation from 0.5.20"
+    ),
+}
+
+
+def _prepare(inputs: dict) -> str:
+    algorithm = inputs["algorithm"]
+    return release.DECODE_PREPARE.get("NONE" if not algorithm else str(algorithm).upper(), "unknown")
+
+
+def why_not(inputs: dict) -> str:
+    algorithm = inputs["algorithm"]
+    if algorithm and inputs["config"].get("speculative_runs_spec_v2") is False:
+        return (
+            f"{algorithm} runs sglang's spec-v1 decode path here (ScheduleBatch.is_spec_v2 is False): "
+            "no spec-v2 decode reservation"
+        )
+    if inputs["no_speculative_decoding"]:
+        return "no speculative decoding"
+    return ""
+
+
+def rule(verdict, found: str, form, inputs: dict, resolved: dict) -> dict:
+    """From the row headroom and the decode reservation (sglang's own numbers where resolved):
+    how far the last reservation writes past the row end, now and with either fix
+    (``width.row_extra_floor``: the reservation plus the allocator page's rounding)."""
+    prepare = _prepare(inputs)
+    if prepare == "unknown":
+        return {
+            "reachable": None,
+            "cannot_tell": f"speculative algorithm {inputs['algorithm']}: this tool has no rule for its "
+            "decode path (release.DECODE_PREPARE)",
+        }
+    if why_not(inputs):
+        return {"reachable": False, "why_not": why_not(inputs)}
+    extra, reserve, page = inputs["row_extra"], inputs["decode_reserve"], inputs["alloc_page_size"]
+    need = width.required_row_extra(
+        reserve, page, form, inputs["overlap"], prepare != release.DFLASH_PREPARE, inputs["context_len"]
+    )
+    align = page if form.page_aligns_reservation else 1
+    # Resolved by sglang: the plugin's own hook ran on sglang's numbers (runtime_fix); the
+    # in-tree form computes the same. Else the rule: the reservation and the page's rounding.
+    with_fix = inputs["row_extra_with_plugin"] or max(extra, width.row_extra_floor(reserve, align))
+    # Resolved by sglang, the headroom is the tree's own function, an in-tree change included;
+    # the static rule mirrors the pristine function, so a tree whose files hold the reservation
+    # (patched, or fixed upstream) gets the fix's number.
+    fixed = verdict in (Verdict.FIXED_IN_TREE, Verdict.FIXED_UPSTREAM)
+    now = with_fix if fixed and not inputs["resolved"] else extra
+    columns = max(0, need - now)
+    at = {
+        **({"note": PREPARE_NOTES[prepare]} if prepare in PREPARE_NOTES else {}),
+        "row_extra": now,
+        "decode_reserve": reserve,
+        "alloc_page_size": page,
+        "row_extra_needed": need,
+        "row_extra_with_fix": with_fix,
+        "columns_past_row_end": columns,
+        "columns_past_row_end_with_fix": max(0, need - with_fix),
+        "reachable": columns > 0,
+    }
+    if "prove" in resolved:
+        at["measured"] = measured(at, resolved["prove"])
+    return at
+
+
+def measured(at: dict, prove: dict) -> dict:
+    """``status --prove``: what sglang's real decode path wrote, beside the arithmetic."""
+    if "columns_past_row_end" not in prove or "columns_past_row_end" not in at:
+        return prove
+    agrees = prove["columns_past_row_end"] == at["columns_past_row_end"]
+    out = {**prove, "agrees_with_arithmetic": agrees}
+    if not agrees:  # the drive ran sglang's own decode path; the arithmetic is this tool's model
+        out["sglang_behaviour"] = "measured"
+    return out
+
+
+def hook(files, site, sglang) -> HookPlan:
+    from sglang_dsa_fix.runtime_fix import row_extra_fix
+
+    module = ".".join(site.path.relative_to(sglang.package_parent).with_suffix("").parts)
+    fix = row_extra_fix(module)
+
+    def body(info: dict, result, *args, **kwargs):
+        extra = fix(result, *args, **kwargs)
+        info["extra"] = [result, extra]
+        if extra == result:
+            return extra, None
+        return extra, (
+            f"req_to_token row headroom raised from {result} to {extra} columns past context_len "
+            "(spec-v2 decode reservation)"
+        )
+
+    return HookPlan(f"{module}.{release.ROW_SIZING_FUNCTION}", body=body)
+
+
+def unjudged(found) -> str:
+    """No sizing function to judge, but a spec-v2 reservation of another form (0.5.4)."""
+    if not found.spec_v2:
+        return ""
+    return (
+        "this release sizes the req_to_token row inline in model_runner.py beside an opt-in spec-v2 "
+        "decode reservation of another form (0.5.4: --enable-beta-spec, seq_lens + A instead of "
+        "kv_committed_len + 2A); this tool neither judges nor fixes it"
+    )
+
+
+MEMBERS = (
+    Member(
+        bug=Bug.ROW_OVERFLOW,
+        title="bug #2 req_to_token row overflow (silent corruption)",
+        absent="no spec-v2 decode reservation",
+        holds="reserves the decode reservation at every page size",
+        affected_what="this row sizing is",
+        legacy=(
+            "an older sglang-dsa-fix form of this change (0.2: headroom reserve - margin; 0.3 on 0.5.16 - "
+            "0.5.17, 0.4 on 0.5.18: without the allocator page's rounding): run `sglang-dsa-fix revert` "
+            "then `apply` to hold the whole reservation"
+        ),
+        locate=sites.row_site,
+        rule=rule,
+        hook=hook,
+        watch=(release.ROW_WRITE, release.ROW_READ),
+        unjudged=unjudged,
+    ),
+)

@@ -1,0 +1,93 @@
+"""The family as a registry: every member keeps the contract (``proof.contract``) on the
+installed release (the release matrix holds it to every other release it reads), and a member
+missing any one obligation fails it."""
+
+import dataclasses
+import re
+import unittest
+from pathlib import Path
+from unittest import mock
+
+from helpers import INSTALLED
+
+from sglang_dsa_fix import members
+from sglang_dsa_fix.members import HookPlan
+from sglang_dsa_fix.proof import contract
+from sglang_dsa_fix.verdicts import Bug
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "sglang_dsa_fix"
+# The shared machinery of the flow: it asks the registry and names no member.
+SHARED = (
+    "classify.py",
+    "bugs.py",
+    "plugin.py",
+    "source_patch.py",
+    "members/__init__.py",
+    "proof/contract.py",
+)
+
+
+class TestRegistry(unittest.TestCase):
+    def test_one_member_per_bug_and_every_watch_kind_owned(self):
+        self.assertEqual(contract.registry_violations(), [])
+        self.assertEqual([m.bug for m in members.registry()], list(Bug))
+
+    def test_a_registry_missing_a_member_fails(self):
+        with mock.patch.object(members, "_REGISTRY", list(members.registry()[:-1])):
+            self.assertTrue(contract.registry_violations())
+
+    def test_the_shared_machinery_names_no_member(self):
+        for name in SHARED:
+            with self.subTest(name):
+                text = (PACKAGE / name).read_text()
+                self.assertEqual(re.findall(r"Bug\.[A-Z_]+", text), [], name)
+
+
+class TestEveryMemberKeepsTheContract(unittest.TestCase):
+    def test_on_the_installed_release(self):
+        for member in members.registry():
+            with self.subTest(member.bug.value):
+                self.assertEqual(contract.violations(member, INSTALLED.package), [])
+
+
+def _without(bug: Bug, **change):
+    return dataclasses.replace(members.of(bug), **change)
+
+
+class TestAMemberMissingAnObligationFails(unittest.TestCase):
+    """Each obligation, removed from a member that keeps it, is reported."""
+
+    def assertFails(self, member, words: str):
+        found = contract.violations(member, INSTALLED.package)
+        self.assertTrue(any(words in line for line in found), found)
+
+    def test_no_watch_and_no_reason(self):
+        self.assertFails(_without(Bug.FA3_PAGE_TABLE, watch=()), "no watch counter sees it")
+
+    def test_a_watch_kind_the_watch_does_not_count(self):
+        self.assertFails(
+            _without(Bug.FA3_PAGE_TABLE, watch=("fa3_replay_typo",)), "no counters of the family watch"
+        )
+
+    def test_a_rule_without_an_answer(self):
+        self.assertFails(
+            _without(Bug.TRITON_KV_INDICES, rule=lambda *a: {"reachable": None}), "neither reached"
+        )
+
+    def test_a_hook_on_no_sglang_target(self):
+        self.assertFails(_without(Bug.PAGE_TABLE, hook=lambda *a: HookPlan("elsewhere.f")), "plugin hook")
+
+    def test_a_locator_that_does_not_know_its_own_change(self):
+        locate = members.of(Bug.ROW_OVERFLOW).locate
+        member = _without(Bug.ROW_OVERFLOW, locate=lambda files, data=None: locate(files))
+        self.assertFails(member, "not recognised as applied")
+
+    def test_a_title_that_is_not_the_family_s(self):
+        self.assertFails(_without(Bug.FLASHMLA_KV_INDICES, title="FlashMLA"), "title")
+
+    def test_an_absent_text_that_is_not_what_check_says(self):
+        self.assertFails(_without(Bug.MINIMAX_NVFP4_PAGE_TABLE, absent="no such thing"), "no site")
+
+
+if __name__ == "__main__":
+    unittest.main()
