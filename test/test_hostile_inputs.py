@@ -269,8 +269,14 @@ class TestControlCharactersEscaped(PatchToolTestCase):
         self.assertFalse([line for line in out.splitlines() if line.startswith(("FAKE", "bug #1"))], out)
         self.assertIn("\\x1b[2J", out)
         self.assertIn("applied\\r\\nFAKE", out)
-        # server, header, 2 ranks, 5 notes (the last: the members the plugin does not report)
-        self.assertEqual(len(out.splitlines()), 9, out)
+        # The verdict, then member lines (indented) and the notes (per rank, then the server's):
+        # no line the input started.
+        lines = out.splitlines()
+        self.assertTrue(lines[0].startswith("server http://"), lines[0])
+        self.assertIn("the family watch counted", lines[0])
+        starts = ("  ", "rank ", "the server")
+        self.assertEqual([line for line in lines[1:] if not line.startswith(starts)], [], out)
+        self.assertEqual(len([line for line in lines if line.startswith(("rank ", "the server"))]), 5, out)
         report = json.loads(out_json)
         self.assertEqual((rc_json, report["sglang_version"]), (1, version))
         self.assertEqual(report["ranks"][0]["bugs"]["page_table"]["state"], f"applied\r\nFAKE{ESC}")
@@ -279,10 +285,11 @@ class TestControlCharactersEscaped(PatchToolTestCase):
         evil = self.tmp / f"tree{ESC}\nbug #2 FAKE"
         evil.mkdir()
         (self.tmp / "python").rename(evil / "python")
-        rc, out, err = run_cli("check", "--sglang-root", str(evil))
+        rc, out, err = run_cli("check", "-v", "--sglang-root", str(evil))
         self.assertIn(rc, (0, 1), err)
         self.assertNotIn("\x1b", out)
-        self.assertTrue(all(line.startswith(("bug #", "  ", "note:")) for line in out.splitlines()), out)
+        starts = ("sglang 0.5.14: ", "bug #", "  ", "note:", "advice:")
+        self.assertTrue(all(line.startswith(starts) for line in out.splitlines()), out)
         self.assertFalse(
             [line for line in out.splitlines() if "FAKE" in line and line.startswith("bug #2 F")]
         )

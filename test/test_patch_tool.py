@@ -26,25 +26,29 @@ def sha(data: bytes) -> str:
 
 class TestLifecycle(PatchToolTestCase):
     def test_check_apply_check_apply_revert(self):
-        rc, out, _ = self.cli("check")
+        rc, out, _ = self.cli("check", "-v")
         self.assertEqual(rc, 1, out)
         lines = out.splitlines()
-        self.assertTrue(lines[0].startswith("bug #1 CUDA-graph page_table width (crash): affected"), out)
-        self.assertIn(f"{self.backend}:{PAGE_TABLE_SITE.lineno}", lines[0])
-        self.assertTrue(lines[1].startswith("bug #2 req_to_token row overflow (silent corruption): affected"))
-        self.assertTrue(lines[2].startswith("bug #3 FA3 CUDA-graph page tables (crash): affected"), out)
+        self.assertTrue(
+            lines[0].startswith("sglang 0.5.14: 7 of 8 affected — run `sglang-dsa-fix apply`"), out
+        )
+        self.assertTrue(lines[1].startswith("bug #1 CUDA-graph page_table width (crash): affected"), out)
+        self.assertIn(f"{self.backend}:{PAGE_TABLE_SITE.lineno}", lines[1])
+        self.assertTrue(lines[2].startswith("bug #2 req_to_token row overflow (silent corruption): affected"))
+        self.assertTrue(lines[3].startswith("bug #3 FA3 CUDA-graph page tables (crash): affected"), out)
 
         rc, out, _ = self.cli("apply")
         self.assertEqual(rc, 0, out)
         self.assertIn(f"applied: {self.backend}", out)
         self.assertIn(f"applied: {self.sizing}", out)
         self.assertIn(f"applied: {self.fa3}", out)
+        self.assertEqual(out.splitlines()[-1], "restart the server: sglang reads its files when it starts")
         for path in (self.backend, self.sizing, self.fa3):
             compile(path.read_bytes(), str(path), "exec")
         self.assertIn(b"self.req_to_token.shape[1],", self.backend.read_bytes())
         self.assertIn(b"-(-self.req_to_token.shape[1] // self.page_size)", self.fa3.read_bytes())
 
-        rc, out, _ = self.cli("check")
+        rc, out, _ = self.cli("check", "-v")
         self.assertEqual(rc, 0, out)
         self.assertEqual(out.count(": fixed in-tree by sglang-dsa-fix"), 3 + len(self.relatives), out)
 
@@ -154,7 +158,7 @@ class TestBytecode(PatchToolTestCase):
         self.backend.write_bytes(backup.read_bytes())
         self.compile_unchecked(self.backend)
         self.backend.write_bytes(patched)
-        rc, out, _ = self.cli("check")
+        rc, out, _ = self.cli("check", "-v")
         self.assertEqual(rc, 1, out)
         self.assertIn("fixed in source, but Python loads stale bytecode", out)
         self.assertEqual(self.cli("apply")[0], 0)  # apply cleans it up
@@ -183,7 +187,7 @@ class TestUpstreamDiff(PatchToolTestCase):
         self.assertEqual(self.git("apply", "fix.patch").returncode, 0)
         via_git = (self.backend.read_bytes(), self.sizing.read_bytes())
         # The README's checkout path: the tree git apply leaves is "fixed in-tree" (no backup).
-        rc, out, _ = self.cli("check")
+        rc, out, _ = self.cli("check", "-v")
         self.assertEqual(rc, 0, out)
         self.assertIn("no backup", out)
         rc, out, err = self.cli("status")
@@ -474,7 +478,7 @@ class TestOtherReleases(PatchToolTestCase):
             *self.relatives,
         ]:
             path.unlink(missing_ok=True)
-        rc, out, _ = self.cli("check")
+        rc, out, _ = self.cli("check", "-v")
         self.assertEqual(rc, 0, out)
         self.assertEqual(out.count(": not applicable"), len(release.GRAPH_TABLE_LAYOUTS) + 3, out)
         before = tree_state(self.tmp)
@@ -491,7 +495,7 @@ class TestOtherReleases(PatchToolTestCase):
         for command in ("apply", "check", "revert"):
             with self.subTest(command=command):
                 proc = subprocess.run(
-                    [sys.executable, "-m", "sglang_dsa_fix", command, "--sglang-root", str(odd)],
+                    [sys.executable, "-m", "sglang_dsa_fix", command, "-v", "--sglang-root", str(odd)],
                     env=env,
                     capture_output=True,
                 )
@@ -517,7 +521,7 @@ class TestOtherReleases(PatchToolTestCase):
         rc, out, _ = self.cli("check")
         self.assertEqual(rc, 1, out)  # bug #1 still affected
         self.cli("apply")
-        rc, out, _ = self.cli("check")
+        rc, out, _ = self.cli("check", "-v")
         self.assertEqual(rc, 2, out)
         self.assertIn("bug #2 req_to_token row overflow (silent corruption): cannot tell", out)
 
@@ -530,7 +534,7 @@ class TestOtherReleases(PatchToolTestCase):
             b"        self.decode_cuda_graph_metadata: Dict = {",
         )
         self.edit(self.backend, PAGE_TABLE_SITE.found.encode() + b",", b"max_ctx_len,")
-        rc, out, _ = self.cli("check")
+        rc, out, _ = self.cli("check", "-v")
         self.assertIn("bug #1 CUDA-graph page_table width (crash): fixed upstream", out)
         self.cli("apply")
         self.assertEqual(self.cli("check")[0], 0)
@@ -547,7 +551,7 @@ class TestOtherReleases(PatchToolTestCase):
 class TestConsoleScript(unittest.TestCase):
     def test_installed_sglang_is_checked_by_default(self):
         proc = subprocess.run(
-            [sys.executable, "-m", "sglang_dsa_fix", "check"], capture_output=True, text=True
+            [sys.executable, "-m", "sglang_dsa_fix", "check", "-v"], capture_output=True, text=True
         )
         from sglang_dsa_fix.tree import plugin_installed_here
 

@@ -353,7 +353,11 @@ def test_a_member_the_plugin_does_not_report_is_cannot_tell():
     [note] = [n for n in report["notes"] if "does not report" in n]  # one for both ranks
     assert note.startswith("the server's plugin (sglang-dsa-fix 0.3.0) does not report fa3_page_table, ")
     lines = out.splitlines()
-    assert lines[2].split() == ["server", "0", "applied", "applied", *["cannot_tell"] * OTHERS, "2"]
+    assert f"cannot tell for {OTHERS} of {len(BUGS)} — not reported by the server's plugin" in lines[0]
+    fa3_line = next(line for line in lines if Bug.FA3_PAGE_TABLE.title in line)
+    assert fa3_line.split()[0] == "cannot_tell" and fa3_line.endswith("cannot_tell on all 2 ranks")
+    first = next(line for line in lines if Bug.PAGE_TABLE.title in line)
+    assert first.split()[0] == "protected_by_plugin" and first.endswith("applied on all 2 ranks")
     assert lines[-1] == note
     # A plugin that reports no version is told as such.
     unversioned = {"bugs": {b: {"state": "applied"} for b in BUGS[:2]}}
@@ -364,12 +368,26 @@ def test_text_table():
     data = {"prefill": [info(rank("applied", "applied"))], "decode": [info(rank("applied", "failed (x)"))]}
     with serve(answer(data)) as (_, url):
         rc, out, err = run_cli("status", "--url", url)
-    assert rc == 1 and not err
+        rc_v, verbose, _ = run_cli("status", "--url", url, "-v")
+        rc_q, quiet, _ = run_cli("status", "--url", url, "-q")
+    assert (rc, rc_v, rc_q) == (1, 1, 1) and not err
     lines = out.splitlines()
-    assert lines[0] == f"server {url}/server_info (sglang 0.5.14)"
-    assert lines[1].split()[:3] == ["role", "rank", "bug"]
-    assert lines[2].split() == ["prefill#0", "0", "applied", "applied", *["not_applicable"] * OTHERS, "0"]
-    assert lines[3].split()[:3] == ["decode#0", "0", "applied"] and lines[3].endswith("1")
+    assert lines[0].startswith(
+        f"server {url}/server_info (sglang 0.5.14, 2 rank(s)): 1 of {len(BUGS)} affected"
+    )
+    assert quiet.splitlines() == lines[:1]
+    at = next(i for i, line in enumerate(lines) if Bug.ROW_OVERFLOW.title in line)
+    assert lines[at].split()[0] == "affected"
+    assert [line.strip() for line in lines[at + 1 : at + 3]] == [
+        "applied: prefill#0 rank 0",
+        "failed (x): decode#0 rank 0",
+    ]
+    assert max(len(line) for line in lines[1:]) <= 120  # the first: the server's own URL
+    # -v: the table by role and rank, one column per member, after the first screen.
+    table = verbose.splitlines()[len(lines) :]
+    assert table[0].split()[:3] == ["role", "rank", "bug"]
+    assert table[1].split() == ["prefill#0", "0", "applied", "applied", *["not_applicable"] * OTHERS, "0"]
+    assert table[2].split()[:3] == ["decode#0", "0", "applied"] and table[2].endswith("1")
 
 
 def cli_subprocess(*argv):

@@ -145,7 +145,7 @@ class TestStatusStatic(StatusTestCase):
         # check, status and the README agree: an installed, enabled plugin protects (exit 0).
         self.assertEqual(self.report("check", expect_rc=1)["bugs"][0]["state"], "affected")
         self.install_plugin()
-        rc, out, _ = self.cli("check")
+        rc, out, _ = self.cli("check", "-v")
         self.assertEqual(rc, 0)
         self.assertIn("protected by the plugin once sglang loads it", out)
         self.assertEqual(self.report("status", expect_rc=0)["exit_code"], 0)
@@ -175,7 +175,7 @@ class TestStatusStatic(StatusTestCase):
         self.assertIn("run `sglang-dsa-fix apply`", self.bug(report, "page_table")["advice"])
 
     def test_text_output(self):
-        rc, out, _ = self.cli("status", *SHAPE)
+        rc, out, _ = self.cli("status", "-v", *SHAPE)
         self.assertEqual(rc, 1)
         self.assertIn("bug #1 CUDA-graph page_table width (crash): affected", out)
         self.assertIn("req_to_token width 521", out)

@@ -9,7 +9,7 @@ import unittest
 from pathlib import Path
 from types import SimpleNamespace
 
-from sglang_dsa_fix import bugs, cli, release, resolve
+from sglang_dsa_fix import bugs, release, render, resolve
 from sglang_dsa_fix.classify import BugState
 from sglang_dsa_fix.verdicts import Bug, State, Verdict
 
@@ -60,7 +60,11 @@ def bug_state(bug: Bug, verdict: Verdict) -> BugState:
 UNRESOLVED = resolve.unresolved("python cannot import sglang (ModuleNotFoundError: numpy)")
 
 # What only an unprotected, reached bug may say (numbers past a row / buffer as today's fact).
-REACHED_WORDS = re.compile(r"(writes \d+ column|overflows for seq_len|reads \d+ page\(s\) past)")
+REACHED_WORDS = re.compile(
+    r"(writes \d+ column|up to \d+ column|overflows for seq_len|crashes for seq_len|reads \d+ page\(s\) past)"
+)
+# The verdict line's words per exit code (``render.headline``).
+HEADLINE = {1: "1 of 1 affected", 2: "cannot tell for 1 of 1", 0: "nothing to do"}
 
 
 class TestTextFollowsState(unittest.TestCase):
@@ -101,15 +105,23 @@ class TestTextFollowsState(unittest.TestCase):
                     "sglang_path": "/x",
                     "plugin": plugin_info,
                     "bugs": entries,
+                    "summary": bugs.summary(entries),
                     **(resolved or {}),
                 }
-                text = cli.render_status(report)
+                text = render.render_status(report)
                 self.assertIn(f"{bug.title}: {state.text}", text)
                 for line in text.splitlines():
                     if REACHED_WORDS.search(line) and state.exit_code != 1:
                         self.assertIn("without the plugin", line, (state, line))
-                check_line = cli._state_line(entry)
+                check_line = render._state_line(entry)
                 self.assertTrue(check_line.startswith(f"{bug.title}: {state.text}"), check_line)
+                # The first screen: the verdict line, and the member's line with its state token.
+                short = render.render_status_short(report).splitlines()
+                self.assertIn(HEADLINE[state.exit_code], short[0])
+                line = next(line for line in short if bug.title in line)
+                self.assertEqual(line.split()[0], state.token)
+                if REACHED_WORDS.search(line):
+                    self.assertEqual(state.exit_code, 1, line)
         # The sweep reaches every state but stale bytecode's own (it is one of the tree's).
         self.assertLessEqual(set(State) - seen, set())
 

@@ -41,21 +41,59 @@ def _entry(state, plugin_info: dict, form: Form, resolved: Optional[dict]) -> di
         verdict = State.CANNOT_TELL
     entry.update(state=verdict.token, state_text=verdict.text, exit_code=verdict.exit_code)
     if verdict in (State.AFFECTED, State.STALE_BYTECODE):
-        entry["advice"] = _advice(plugin_info, state, fix_holds)
+        entry["action"], entry["advice"] = _advice(plugin_info, state, fix_holds)
     return entry
 
 
-def _advice(plugin_info, state, fix_holds: bool = True) -> str:
+# What an affected member's owner does next (``entry["action"]``), most specific first: the
+# summary's next step is the first of these any member needs.
+ACTIONS = ("revert_then_apply", "apply", "plugin_or_apply", "not_covered_by_fix")
+
+
+def _advice(plugin_info, state, fix_holds: bool = True) -> tuple:
+    """(action, advice): one of ``ACTIONS`` and its words for this member."""
     if state.site is not None and state.site.legacy:
-        return "the change in the files is an older form: run `sglang-dsa-fix revert`, then `apply`"
+        return ACTIONS[
+            0
+        ], "the change in the files is an older form: run `sglang-dsa-fix revert`, then `apply`"
     if state.verdict is Verdict.FIXED_UPSTREAM:
-        return "sglang's own width does not hold what this configuration needs: see the widths above"
+        return ACTIONS[
+            3
+        ], "sglang's own width does not hold what this configuration needs: see the widths above"
     if state.verdict is Verdict.FIXED_IN_TREE or not fix_holds:
-        return "this tool's fix does not cover what this configuration needs: see the widths above"
+        return ACTIONS[
+            3
+        ], "this tool's fix does not cover what this configuration needs: see the widths above"
     if state.verdict is Verdict.STALE_BYTECODE:
-        return "run `sglang-dsa-fix apply` again: it removes the stale bytecode"
+        return ACTIONS[1], "run `sglang-dsa-fix apply` again: it removes the stale bytecode"
     if state.site is not None and not state.site.hookable:
-        return "the plugin cannot fix this on this release (row sized inline): run `sglang-dsa-fix apply`"
+        return ACTIONS[
+            1
+        ], "the plugin cannot fix this on this release (row sized inline): run `sglang-dsa-fix apply`"
     if not plugin_info["sglang_has_plugin_api"]:
-        return "this release has no plugin API (sglang < 0.5.11): run `sglang-dsa-fix apply`"
-    return "install sglang-dsa-fix into the server's environment (the plugin), or run `sglang-dsa-fix apply`"
+        return ACTIONS[1], "this release has no plugin API (sglang < 0.5.11): run `sglang-dsa-fix apply`"
+    return ACTIONS[2], (
+        "install sglang-dsa-fix into the server's environment (the plugin), or run `sglang-dsa-fix apply`"
+    )
+
+
+def summary(entries: list) -> dict:
+    """The report in one line's data: how many members, how many in each state (``State``
+    tokens), the next step (the first of ``ACTIONS`` an affected member needs, None where none
+    is) and the first reason a member cannot be told."""
+    counts: dict = {}
+    for entry in entries:
+        counts[entry["state"]] = counts.get(entry["state"], 0) + 1
+    actions = {entry["action"] for entry in entries if "action" in entry}
+    unknown = [entry for entry in entries if entry["state"] == State.CANNOT_TELL.token]
+    return {
+        "members": len(entries),
+        "counts": counts,
+        "next_step": next((action for action in ACTIONS if action in actions), None),
+        "cannot_tell_reason": _reason(unknown[0]) if unknown else None,
+    }
+
+
+def _reason(entry: dict) -> str:
+    at = entry.get("at_configuration") or {}
+    return at.get("cannot_tell") or entry.get("detail") or "see -v"

@@ -1,8 +1,8 @@
-"""``sglang-dsa-fix``: apply | check | revert | diff | status | demo.
+"""``sglang-dsa-fix``: check | apply | revert | diff | status | explain | demo.
 
-The only module that renders text or JSON. Every failure is one line on stderr and exit 2
-(``errors.EXIT_ERROR``); with ``--json`` a JSON object with an ``error`` field is printed
-on stdout too.
+The command line: parses, dispatches, prints (the words are ``render``'s). Every failure is one
+line on stderr and exit 2 (``errors.EXIT_ERROR``); with ``--json`` a JSON object with an
+``error`` field is printed on stdout too.
 """
 
 from __future__ import annotations
@@ -10,78 +10,50 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 
-from sglang_dsa_fix import __version__, source_patch
+from sglang_dsa_fix import __version__, render, source_patch
 from sglang_dsa_fix import tree as trees
-from sglang_dsa_fix.errors import EXIT_ERROR, EXIT_OK, ToolError
+from sglang_dsa_fix.errors import EXIT_CANNOT_TELL, EXIT_ERROR, EXIT_OK, ToolError
+from sglang_dsa_fix.render import printable
 from sglang_dsa_fix.resolve import GPU_PROFILE_NAMES
 from sglang_dsa_fix.server_status import MAX_TIMEOUT
-from sglang_dsa_fix.verdicts import Bug, State
 
 PROG = "sglang-dsa-fix"
-# What a terminal acts on instead of showing: C0 (escape sequences, newlines, carriage returns),
-# DEL, C1, the Unicode line separators and the bidi embeddings / overrides / isolates.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 MAX_ERROR_LINE = 500  # characters of an error message printed (the rest is cut, and said so)
-
-
-def printable(text) -> str:
-    """Text from outside the tool (a server's strings, a file's bytes, a path) as it is printed
-    on a terminal: each control character as its escape (``\\x1b``, ``\\n``, ``\\u202e``), so
-    what a line shows is what it holds and no input can start a line of its own. JSON output
-    carries the exact strings."""
-    return _CONTROL.sub(_escape, str(text))
-
-
-def _escape(match) -> str:
-    code = ord(match.group())
-    return {10: "\\n", 13: "\\r", 9: "\\t"}.get(code) or (
-        f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-    )
-
-
-def _text(lines) -> str:
-    """The terminal text of a command: one printable line per entry."""
-    return "\n".join(printable(line) for line in lines)
-
-
-def _state_line(state: dict) -> str:
-    where = f" ({state['file']}:{state['line']}: `{state['found']}`)" if "file" in state else ""
-    detail = f"; {state['detail']}" if state.get("detail") else ""
-    text = state.get("state_text") or State.of_token(state["tree_state"]).text
-    return f"{Bug(state['bug']).title}: {text}{where}{detail}"
 
 
 def run_check(args) -> tuple[dict, str, int]:
     from sglang_dsa_fix import status
 
     report = status.collect(args.sglang_root)
-    lines = [_state_line(b) for b in report["bugs"]]
-    lines += [f"  advice: {b['advice']}" for b in report["bugs"] if "advice" in b]
-    if report.get("version_note"):
-        lines.append(f"note: {report['version_note']}")
-    return report, _text(lines), report["exit_code"]
-
-
-def _outcome_text(outcome) -> str:
-    verb = {"apply": "applied", "revert": "reverted"}[outcome.action]
-    lines = [f"{verb}: {path}" for path in outcome.changed] or [f"nothing to {outcome.action}"]
-    lines += [f"removed: {path}" for path in outcome.removed]
-    return _text(lines + [_state_line(s) for s in outcome.to_dict()["bugs"]])
+    return report, render.render_check(report, args.verbosity, args.colour), report["exit_code"]
 
 
 def run_apply(args) -> tuple[dict, str, int]:
     tree = trees.find_tree(args.sglang_root)
-    outcome = source_patch.apply(tree, args.allow_unsafe_dirs)
-    return {"sglang_version": tree.version, **outcome.to_dict()}, _outcome_text(outcome), EXIT_OK
+    data = {"sglang_version": tree.version, **source_patch.apply(tree, args.allow_unsafe_dirs).to_dict()}
+    return data, render.render_outcome(data, args.colour), EXIT_OK
 
 
 def run_revert(args) -> tuple[dict, str, int]:
     tree = trees.find_tree(args.sglang_root)
-    outcome = source_patch.revert(tree, args.allow_unsafe_dirs)
-    return {"sglang_version": tree.version, **outcome.to_dict()}, _outcome_text(outcome), EXIT_OK
+    data = {"sglang_version": tree.version, **source_patch.revert(tree, args.allow_unsafe_dirs).to_dict()}
+    return data, render.render_outcome(data, args.colour), EXIT_OK
+
+
+def run_explain(args) -> tuple[dict, str, int]:
+    from sglang_dsa_fix import explain
+
+    data = explain.explain(" ".join(args.message))
+    if not data["matches"]:
+        known = "; ".join(f"`{message}`" for message in explain.known_messages())
+        text = f"not a message this tool knows (it knows {known}); `sglang-dsa-fix check` says what this sglang has"
+        return data, printable(text), EXIT_CANNOT_TELL
+    lines = []
+    for match in data["matches"]:
+        lines += [f"{match['title']}: {match['means']}", f"  releases: {match['releases']}"]
+    return data, "\n".join(printable(line) for line in [*lines, f"next: {data['next']}"]), EXIT_OK
 
 
 def run_diff(args) -> tuple[dict, str, int]:
@@ -99,13 +71,13 @@ def run_status(args) -> tuple[dict, str, int]:
 
         timeout = args.timeout or server_status.DEFAULT_TIMEOUT
         report = server_status.from_server(args.url, timeout=timeout, api_key=args.api_key)
-        return report, render_server(report), report["exit_code"]
-    from sglang_dsa_fix import resolve
+        return report, render.render_server_short(report, args.verbosity, args.colour), report["exit_code"]
+    from sglang_dsa_fix import launch_line, resolve
 
     request = None
     if args.launch_args is not None:
         request = resolve.Request(
-            args.launch_args,
+            launch_line.server_arguments(args.launch_args),
             python=args.python,
             gpu=args.gpu,
             prove=args.prove,
@@ -124,167 +96,10 @@ def run_status(args) -> tuple[dict, str, int]:
         )
         request = resolve.Request(shape=shape)
     report = status.collect(args.sglang_root, request)
-    return report, render_status(report), report["exit_code"]
-
-
-def render_server(report: dict) -> str:
-    """``status --url``: one row per role and rank, one column per bug, then the notes."""
-    names = list(dict.fromkeys(name for rank in report["ranks"] for name in rank["bugs"]))
-    # Bugs #1 - #3 by title; bug #3's relatives by their (shorter) token.
-    known = {
-        bug.value: bug.title.split(" (")[0] for bug in (Bug.PAGE_TABLE, Bug.ROW_OVERFLOW, Bug.FA3_PAGE_TABLE)
-    }
-    header = ["role", "rank", *(known.get(name, name) for name in names), "exit"]
-    rows, notes = [], []
-    for rank in report["ranks"]:
-        role = rank["role"] if rank["role"] == "server" else f"{rank['role']}#{rank['server']}"
-        notes += [f"{role} rank {rank['rank']}: {note}" for note in rank["notes"]]
-        states = [rank["bugs"].get(name, {}).get("state", "-") for name in names]
-        rows.append([role, str(rank["rank"]), *states, str(rank["exit_code"])])
-    table = [[printable(cell) for cell in row] for row in [header, *rows]]  # aligned as shown
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = [f"server {report['endpoint']} (sglang {report['sglang_version'] or 'version unknown'})"]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
-    return _text(lines + notes + report["notes"])
-
-
-def _configuration_lines(report: dict) -> list:
-    config = report["configuration"]
-    if report["basis"] == "static":
-        head = "configuration (static rule from the shape flags; sglang's own resolution not used)"
-    else:
-        head = f"configuration resolved by sglang {report.get('resolved_with', '')}".rstrip()
-    sources = report.get("sources", {})
-    values = ", ".join(
-        f"{name} {value}" + (f" ({sources[name]})" if name in sources else "")
-        for name, value in config.items()
-        if value is not None
-    )
-    return [f"{head}:", f"  {values}"]
-
-
-def _at_configuration_lines(bug: dict) -> list:
-    at = bug["at_configuration"]
-    # Reached, but the plugin holds it: the numbers below are sglang's own, without the plugin.
-    where = "at this configuration" + (
-        ", without the plugin" if bug["state"] == State.PROTECTED_BY_PLUGIN.token else ""
-    )
-    if at.get("why_not"):
-        return [f"  at this configuration: not reachable ({at['why_not']})"]
-    if at.get("cannot_tell"):
-        return [f"  at this configuration: cannot tell ({at['cannot_tell']})"]
-    if "draft_kv_indices_needed" in at:  # Triton's flat buffers
-        verdict = "they read (and write) past the buffers" if at["reachable"] else "they fit"
-        mask = (
-            f" and the verify needs {at['verify_mask_cells_needed']} mask cells per request of "
-            f"{at['verify_mask_cells_per_request']}"
-            if "verify_mask_cells_needed" in at
-            else ""
-        )
-        return [
-            f"  {where}: with {at['when']}, the draft decode writes {at['draft_kv_indices_needed']} "
-            f"kv_indices per request into {at['draft_kv_indices_per_request']}{mask} ({at['from']}) -> {verdict}"
-        ]
-    if "graph_page_table_pages" in at:  # bug #3 and its relatives
-        verdict = (
-            f"reads {at['pages_past_table']} page(s) past its table row"
-            if at["pages_past_table"]
-            else "reads inside its table row"
-        )
-        name = "FA3 graph page tables" if bug["bug"] == Bug.FA3_PAGE_TABLE.value else "graph table"
-        lines = [
-            f"  {where}: {name} {at['graph_page_table_pages']} pages "
-            f"({at['graph_page_table_from']}); the longest target_verify reads "
-            f"{at['longest_verify_pages_read']} -> {verdict} (with the fix: "
-            f"{at['graph_page_table_pages_with_fix']} pages)"
-        ]
-        if "verify_mask_cells_needed" in at:  # TRT-LLM MLA / FlashMLA's verify tree mask
-            over = at["verify_mask_cells_needed"] > at["verify_mask_cells_per_request"]
-            lines.append(
-                "  and with every request of the largest captured batch at the longest verify, the tree "
-                f"builder writes {at['verify_mask_cells_needed']} mask cells per request of "
-                f"{at['verify_mask_cells_per_request']} -> {'past the mask' if over else 'they fit'} "
-                f"(with the fix: {at['verify_mask_cells_with_fix']})"
-            )
-        return lines
-    if bug["bug"] == Bug.PAGE_TABLE.value:
-        verdict = (
-            f"target_verify overflows for seq_len {at['overflowing_seq_lens'][0]}.."
-            f"{at['overflowing_seq_lens'][1]}"
-            if at["reachable"]
-            else "cannot overflow"
-            if at["reachable"] is False
-            else "width expression not evaluated"
-        )
-        return [
-            f"  {where}: req_to_token width {at['req_to_token_width']}, graph "
-            f"page_table width {at['graph_page_table_width']} ({at['graph_page_table_from']}), longest "
-            "target_verify seq_len "
-            f"{at['longest_verify_seq_len']} -> {verdict}"
-        ]
-    verdict = (
-        f"the last decode reservation writes {at['columns_past_row_end']} column(s) into the next "
-        "request's row"
-        if at["reachable"]
-        else "no write past the row end"
-    )
-    lines = [f"  note: {at['note']}"] if "note" in at else []
-    lines.append(
-        f"  {where}: row headroom {at['row_extra']}, decode reservation "
-        f"{at['decode_reserve']}, allocator page {at['alloc_page_size']}, needs {at['row_extra_needed']} -> "
-        f"{verdict} (with the fix: headroom {at['row_extra_with_fix']})"
-    )
-    proof = at.get("measured")
-    if proof is None:
-        return lines
-    if "columns_past_row_end" not in proof:
-        return lines + [f"  --prove: {proof.get('error') or proof.get('skipped')}"]
-    return lines + [
-        f"  --prove (sglang's decode path on {proof.get('device', 'cpu')}, context {proof['context_length']}): "
-        f"{proof['columns_past_row_end']} column(s) past the row end, "
-        f"{proof['neighbour_cells_changed']} neighbour cell(s) changed, {proof['leaked_slots']} slot(s) leaked"
-        + (
-            ""
-            if proof.get("agrees_with_arithmetic", True)
-            else " — DISAGREES with the arithmetic above: the drive ran sglang's own decode path, so "
-            "its number is sglang's behaviour (please report the difference)"
-        )
-    ]
-
-
-def render_status(report: dict) -> str:
-    from sglang_dsa_fix import width
-
-    lines = [f"sglang {report['sglang_version']} at {report['sglang_path']}"]
-    if report.get("version_note"):
-        lines.append(f"note: {report['version_note']}")
-    p = report["plugin"]
-    lines.append(
-        f"plugin: {'installed' if p['installed'] else 'not installed'} in {p['where']}"
-        + ("" if p["sglang_has_plugin_api"] else " (this sglang has no plugin API)")
-        + (f"; {p['kill_switch']}" if p["live"] else "")
-    )
-    lines += [f"  plugin not loaded by {note}" for note in p["not_loaded_by"] if p["live"]]
-    if report.get("basis") == width.UNRESOLVED:
-        lines.append(f"configuration: cannot tell ({report['basis_note']})")
-    elif "configuration" in report:
-        lines += _configuration_lines(report)
-    for bug in report["bugs"]:
-        title = Bug(bug["bug"]).title
-        where = f" ({bug['file']}:{bug['line']}: `{bug['found']}`)" if "file" in bug else ""
-        lines.append(f"{title}: {bug['state_text']}{where}")
-        if bug["detail"]:
-            lines.append(f"  {bug['detail']}")
-        if "at_configuration" in bug:
-            lines += _at_configuration_lines(bug)
-        if "advice" in bug:
-            lines.append(f"  advice: {bug['advice']}")
-    return _text(lines)
+    return report, render.render_status_short(report, args.verbosity, args.colour), report["exit_code"]
 
 
 def run_demo(args) -> tuple[dict, str, int]:
-    if args.sglang_root:
-        raise ToolError("demo imports and runs the importable sglang; --sglang-root does not apply")
     try:
         import torch
 
@@ -376,8 +191,15 @@ COMMANDS = {
     "revert": (run_revert, "restore the original bytes of every file apply changed"),
     "diff": (run_diff, "print the change as a unified diff for an sglang checkout (git apply)"),
     "status": (run_status, "is THIS deployment protected, per bug (and per shape, or for a live server)?"),
-    "demo": (run_demo, "both bugs and both fixes on the real sglang code of this environment"),
+    "explain": (run_explain, "which bug is this line of sglang's log, on which releases, and what to run"),
+    "demo": (run_demo, "the bugs and both fixes on the real sglang code of this environment (CPU or GPU)"),
 }
+# The commands that read an sglang tree (--sglang-root); explain and demo read none.
+TREE_COMMANDS = ("check", "apply", "revert", "diff", "status")
+
+
+# Words of a launch line given to ``status`` without the ``--`` before it.
+LAUNCH_WORDS = ("--model", "launch_server", "serve", "--tp", "--attention-backend", "-m ")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -389,6 +211,11 @@ class _Parser(argparse.ArgumentParser):
         self.json_requested = json_requested
 
     def error(self, message):
+        if "unrecognized arguments" in message and any(word in message for word in LAUNCH_WORDS):
+            message += (
+                "; the launch line goes after `--`: `sglang-dsa-fix status -- python -m "
+                "sglang.launch_server --model-path ...`"
+            )
         message = _error_line(message)
         if self.json_requested:
             print(json.dumps(_contract({"error": message, "exit_code": EXIT_ERROR})))
@@ -400,11 +227,28 @@ def build_parser(json_requested: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(
         json_requested=json_requested,
         prog=PROG,
-        description="Fix, check and undo the DSA/EAGLE req_to_token width "
-        "bugs in an installed sglang or a checkout.",
+        description="Find, fix and undo SGLang's req_to_token width bugs under speculative decoding "
+        "(bug #1 DSA graph page_table, bug #2 row overflow, bug #3 FA3 graph page tables and their "
+        "relatives) in an installed sglang or a checkout, and judge a deployment or a live server.",
     )
     parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}")
-    common = _Parser(add_help=False)
+    output = _Parser(add_help=False)
+    output.add_argument("--json", action="store_true", help="machine-readable output (JSON on every path)")
+    output.add_argument("--no-json", dest="json", action="store_false", default=False, help=argparse.SUPPRESS)
+    loud = output.add_mutually_exclusive_group()
+    loud.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=1,
+        default=0,
+        help="each bug's file, line, widths and advice",
+    )
+    loud.add_argument(
+        "-q", "--quiet", dest="verbosity", action="store_const", const=-1, help="the verdict line alone"
+    )
+    common = _Parser(add_help=False, parents=[output])
     common.add_argument(
         "--sglang-root",
         metavar="DIR",
@@ -412,15 +256,20 @@ def build_parser(json_requested: bool = False) -> argparse.ArgumentParser:
         help="sglang source checkout (holding python/sglang) or site-packages; "
         "default: the importable sglang",
     )
-    common.add_argument("--json", action="store_true", help="machine-readable output (JSON on every path)")
-    common.add_argument("--no-json", dest="json", action="store_false", default=False, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     parsers = {
         name: sub.add_parser(
-            name, help=text, description=text, parents=[common], json_requested=json_requested
+            name,
+            help=text,
+            description=text,
+            parents=[common if name in TREE_COMMANDS else output],
+            json_requested=json_requested,
         )
         for name, (_, text) in COMMANDS.items()
     }
+    parsers["explain"].add_argument(
+        "message", nargs="+", help="a line of sglang's log (quote it), e.g. 'pool memory leak detected'"
+    )
     for name in ("apply", "revert"):
         parsers[name].add_argument(
             "--allow-unsafe-dirs",
@@ -500,11 +349,17 @@ def build_parser(json_requested: bool = False) -> argparse.ArgumentParser:
         "--disable-overlap-schedule", action="store_true", default=None, help="default: overlap on"
     )
     demo = parsers["demo"]
-    demo.add_argument("--context-length", type=_positive, default=4096)
-    demo.add_argument("--speculative-num-draft-tokens", type=_positive, default=5)
-    demo.add_argument("--page-size", type=_positive, default=64)
-    demo.add_argument("--bs", type=_positive, default=4)
-    demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    demo.add_argument(
+        "--context-length", type=_positive, default=4096, help="bug #1's context length (default 4096)"
+    )
+    demo.add_argument(
+        "--speculative-num-draft-tokens", type=_positive, default=5, help="bug #1's D (default 5)"
+    )
+    demo.add_argument("--page-size", type=_positive, default=64, help="bug #1's page size (default 64)")
+    demo.add_argument("--bs", type=_positive, default=4, help="bug #1's captured batch size (default 4)")
+    demo.add_argument(
+        "--device", choices=("cpu", "cuda"), default=None, help="default: cuda when present, else cpu"
+    )
     return parser
 
 
@@ -543,6 +398,7 @@ def _main(argv=None) -> int:
         return EXIT_OK
     args = parser.parse_args(argv)
     args.launch_args = launch_args
+    args.colour = render.colour_wanted() and not args.json
     if launch_args is not None and args.command != "status":
         parser.error(f"{args.command}: `-- <launch_server args>` is for `status`")
     if args.command == "status":

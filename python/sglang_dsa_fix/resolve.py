@@ -101,7 +101,7 @@ DRAIN_S = 2.0
 # each width's types.
 MAX_RESULT_LINE = 1 << 20  # characters; a result is a few KiB
 MAX_INT = 1 << 62
-ERROR_KINDS = ("import", "arguments", "refused")
+ERROR_KINDS = ("import", "arguments", "refused", "model_config")
 RESULT_FIELDS = ("sglang_version", "configuration", "sources", "widths", "prove", "sys_path")
 # The child's own sys.path (``child_main``), where the plugin is looked for (``status``): at most
 # MAX_SYS_PATH entries of at most MAX_PATH_ENTRY characters each. ``resolve`` hands it on under
@@ -441,7 +441,7 @@ def resolve(
     result = read_result(interpreter, returncode, stdout, stderr)
     sys_path = result.pop("sys_path", None)
     search = None if sys_path is None else {"interpreter": str(interpreter), "sys_path": sys_path}
-    if result.get("error_kind") == "refused":
+    if result.get("error_kind") in ("refused", "model_config"):
         raise ToolError(result["error"])
     if result.get("error_kind") == "import":
         out = unresolved(f"{interpreter} cannot import sglang ({result['error']})")

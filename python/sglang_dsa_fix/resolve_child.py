@@ -446,6 +446,9 @@ def _child_result(argv: list) -> dict:
 
     options, launch_args = json.loads(argv[0]), argv[1:]
     profile = options["profile"]
+    # argparse names itself after sys.argv[0] ("-c" here): sglang's parser errors read as the
+    # launcher's, the program the operator ran.
+    sys.argv[0] = "sglang.launch_server"
     refused = _config_refusal(launch_args)
     if refused is not None:
         return {"error_kind": "refused", "error": refused}
@@ -477,7 +480,11 @@ def _child_result(argv: list) -> dict:
         said = (errors.getvalue().strip().splitlines() or [f"sglang's parser exited ({exc.code})"])[-1]
         return {"error_kind": "arguments", "error": said}
     except BaseException as exc:
-        return {"error_kind": "arguments", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        said = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        needs_config = _model_config_missing(launch_args)
+        if needs_config:
+            return {"error_kind": "model_config", "error": f"{needs_config} ({said})"}
+        return {"error_kind": "arguments", "error": said}
     widths.update(_graph_page_table_width(config, widths))
     result = {
         "sglang_version": getattr(sglang, "__version__", None),
@@ -488,6 +495,41 @@ def _child_result(argv: list) -> dict:
     if options.get("prove"):
         result["prove"] = _prove(config, widths)
     return result
+
+
+def _model_config_missing(launch_args: list) -> str:
+    """Why sglang could not read the model's ``config.json`` (its resolution reads the model
+    config: context length, architecture), where the model path is not a local directory holding
+    one; "" where it is (the failure was then something else)."""
+    import contextlib
+    import io
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            model = _given_and_defaults(launch_args)[0].get("model_path")
+    except (Exception, SystemExit):
+        return ""
+    if not isinstance(model, str) or os.path.isfile(os.path.join(model, "config.json")):
+        return ""
+    if not os.path.isdir(model):
+        try:  # a hub id whose config.json the hub gave (now in HF's cache): not the failure
+            from huggingface_hub import try_to_load_from_cache
+
+            if isinstance(try_to_load_from_cache(model, "config.json"), str):
+                return ""
+        except Exception:  # not a valid repo id either: the config is what is missing
+            pass
+    where = (
+        f"--model-path {model} has no config.json"
+        if os.path.isdir(model)
+        else f"--model-path {model} is not a local directory and the hub (or its HF cache) did not give "
+        "its config.json"
+    )
+    return (
+        f"sglang needs the model's config.json to resolve the launch arguments: {where}; pass a local "
+        "directory holding config.json (the weights are not read), or run where the hub or HF_HOME's "
+        "cache has it"
+    )
 
 
 PROVE_CONTEXT, PROVE_PROMPT = 256, 100

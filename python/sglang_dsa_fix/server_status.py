@@ -299,7 +299,9 @@ def from_server(url: str, timeout: float = DEFAULT_TIMEOUT, api_key: Optional[st
         if names
     ]
     codes = [r["exit_code"] for r in ranks] or [EXIT_CANNOT_TELL]
+    members = across_ranks(ranks)
     return {
+        "members": members,
         "url": url,
         "endpoint": endpoint,
         "sglang_version": version,
@@ -307,3 +309,37 @@ def from_server(url: str, timeout: float = DEFAULT_TIMEOUT, api_key: Optional[st
         "notes": notes,
         "exit_code": combined_exit(codes),
     }
+
+
+def rank_label(rank: dict) -> str:
+    role = "" if rank["role"] == "server" else f"{rank['role']}#{rank['server']} "
+    return f"{role}rank {rank['rank']}"
+
+
+# A rank's state that is no ``State`` token (a hook word, an older plugin's text), by its exit code.
+STATE_OF_EXIT = {
+    EXIT_AFFECTED: State.AFFECTED.token,
+    EXIT_CANNOT_TELL: State.CANNOT_TELL.token,
+    EXIT_PROTECTED: State.PROTECTED_BY_PLUGIN.token,
+}
+
+
+def across_ranks(ranks: list) -> list:
+    """Per member (every ``Bug`` the tool knows, then any other a newer plugin reports): the
+    state that decides, as a ``State`` token (the rank state whose exit code ``combined_exit``
+    keeps), and which ranks reported each state, as they reported it."""
+    names = [bug.value for bug in Bug]
+    names += [name for rank in ranks for name in rank["bugs"] if name not in names]
+    out = []
+    for name in dict.fromkeys(names):
+        by_state: dict = {}
+        for rank in ranks:
+            state = rank["bugs"].get(name, {}).get("state", State.CANNOT_TELL.token)
+            by_state.setdefault(state, []).append(rank_label(rank))
+        if not by_state:
+            continue
+        worst = combined_exit(state_exit(state) for state in by_state)
+        state = next(state for state in by_state if state_exit(state) == worst)
+        token = state if State.of_token(state) is not None else STATE_OF_EXIT[worst]
+        out.append({"member": name, "state": token, "ranks": by_state})
+    return out

@@ -45,4 +45,5 @@ def collect(root: Optional[str], request: Optional[resolve.Request] = None) -> d
         report["version_note"] = files.version_note
     report.update(resolved or {})
     report["bugs"], report["exit_code"] = bugs.judge(files, plugin_info, resolved)
+    report["summary"] = bugs.summary(report["bugs"])
     return report

@@ -53,6 +53,9 @@ class Member:
     watch: tuple  # the family watch's kinds (``watch.COUNTERS``) counting this member
     unwatched: str = ""  # where ``watch`` is (): why no counter sees it
     unjudged: Callable = lambda found: ""  # no site, yet not absent: why (then ``cannot_tell``)
+    releases: str = ""  # the sglang releases it is in ("explain", docs/members/<token>.md)
+    # What it looks like in sglang's log: (regular expression, what that line means), for `explain`.
+    symptoms: tuple = ()
 
 
 _REGISTRY: list = []

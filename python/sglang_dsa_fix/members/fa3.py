@@ -91,5 +91,19 @@ MEMBERS = (
         rule=rule,
         hook=hook,
         watch=(release.FA3_REPLAY,),
+        releases="sglang 0.5.4 – 0.5.23 where FA3 (or FA4) runs the verify or the draft decode in CUDA "
+        "graphs (sgl-project/sglang#34239)",
+        symptoms=(
+            (
+                r"illegal memory access",
+                "near the context limit: a verify or draft decode read past FA3's CUDA-graph page "
+                "tables (a garbage page index; one instance of upstream #34239 took a TP8 server down)",
+            ),
+            (
+                r"used (\d+) > capacity (\d+)",
+                "FA3's draft decode asserted its graph page_table is too narrow for the request "
+                "(0.5.14: a request near the context limit with D >= 6)",
+            ),
+        ),
     ),
 )

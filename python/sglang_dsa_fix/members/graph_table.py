@@ -176,6 +176,15 @@ def member(layout) -> Member:
         hook=hook_for(layout),
         watch=(WATCH[layout.key],) if layout.key in WATCH else (),
         unwatched="" if layout.key in WATCH else UNWATCHED,
+        releases=f"the sglang releases that have the {layout.name} backend (`check` says whether yours does), "
+        "where it runs the verify or the draft decode in CUDA graphs",
+        symptoms=(
+            (
+                r"illegal memory access",
+                f"near the context limit: a verify or draft decode read past {layout.name}'s CUDA-graph "
+                "table (the same shape as FA3's, upstream #34239)",
+            ),
+        ),
     )
 
 

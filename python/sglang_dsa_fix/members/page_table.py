@@ -83,5 +83,14 @@ MEMBERS = (
         rule=rule,
         hook=hook,
         watch=(release.DSA_REPLAY,),
+        releases="sglang 0.5.4 – 0.5.14 with the DSA / NSA backend (DeepSeek-V3.2, GLM-5); fixed upstream "
+        "in 0.5.15 (sgl-project/sglang#29379)",
+        symptoms=(
+            (
+                r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)",
+                "the DSA target_verify CUDA-graph replay copied a request's req_to_token row into a "
+                "narrower graph page_table past context_len; the scheduler dies and clients hang",
+            ),
+        ),
     ),
 )

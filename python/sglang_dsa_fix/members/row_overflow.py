@@ -144,5 +144,15 @@ MEMBERS = (
         hook=hook,
         watch=(release.ROW_WRITE, release.ROW_READ),
         unjudged=unjudged,
+        releases="sglang 0.5.9 – newest with spec v2 (the default from 0.5.11); at page 1 from 0.5.16, and "
+        "at page > 1 with decode context parallel on 0.5.16 – 0.5.18",
+        symptoms=(
+            (
+                r"memory leak detected",
+                "sglang's idle leak check found KV slots nobody frees: the slots a decode reservation "
+                "wrote past a request's req_to_token row, into the next request's row (that request "
+                "read another request's KV before this line)",
+            ),
+        ),
     ),
 )
