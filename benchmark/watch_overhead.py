@@ -1,91 +1,71 @@
 """Cost of the family watch (``SGLANG_DSA_FIX_WATCH=1``) on one decode step, hook by hook.
 
-An end-to-end A/B of the watch cannot resolve a 2 % goal on one GPU command: the long-gen
+An end-to-end A/B of the watch cannot resolve a 1 % goal on one GPU command: the long-gen
 benchmark's A/A pilot spreads 10 % per paired rep (docs/gpu-results.md). So this measures what
-the watch adds where it runs: each hook the watch puts around a real sglang function, timed
-against that function alone, interleaved (A B A B ...), with the host clock around whole blocks
-that end in ``torch.cuda.synchronize()`` (what the hook adds to the GPU queue counts too):
+the watch adds where it runs, and divides it by a decode step measured in the same run:
 
-- ``row_write``: the watch around sglang's own ``assign_req_to_token_pool_func`` (its Triton
-  kernel writes the decode reservation into req_to_token), once per decode step;
-- ``row_read``: around ``assign_extend_cache_locs_func`` (verify reads its slots back), once
-  per verify;
-- ``dsa_replay``: around the DSA backend's ``_apply_cuda_graph_metadata`` (a host-side check on
-  seq_lens_cpu), timed against a call that does nothing with the same signature (the real
-  method needs a captured graph): per CUDA-graph replay (target_verify, draft_extend and the
-  draft-decode steps).
+1. Every hook the watch installs on this release (``watch.select``) that the backend under test
+   calls, each timed against sglang's own function, interleaved (A B A B ...), with the host clock
+   around whole blocks that end in ``torch.cuda.synchronize()`` (what the hook adds to the GPU
+   queue counts too):
+   - ``row_write``: around ``assign_req_to_token_pool_func`` (its Triton kernel writes the decode
+     reservation into req_to_token);
+   - ``row_read``: around ``assign_extend_cache_locs_func`` (verify reads its slots back);
+   - the backend's replay check (``dsa_replay`` or ``triton_replay``): around the real backend's
+     replay method, repeating one real TARGET_VERIFY replay of ``bs`` requests
+     (``watch_replay_calls.py``).
+2. A real decode step of the same configuration (``decode_step.py``): a pristine ``sglang.Engine``
+   on the tiny model of that backend, ``bs`` requests at once, the median gap between streamed
+   chunks; the same engine counts how often each watched function runs per step
+   (``hook_calls.py``).
 
-Per decode step the watch then adds ``row_write + row_read + replays x dsa_replay`` of host
-time (``--replays-per-step``, default steps + 1); ``--step-ms`` (a measured decode step) turns it
-into a share. It is host time, an upper bound: with the overlap scheduler the host prepares the
-next batch while the GPU runs, so it costs throughput only where the host is the bottleneck. torch and sglang are imported
-after the arguments are parsed: ``--help`` needs neither. Runs on CPU too (Triton interpreter;
-slow): ``--smoke`` is that run for CI, with tiny sizes (batch 2, context 64, steps 1, 2 blocks of
-1 call); its row says ``"smoke": true`` and holds no timing (null), only the hooks' targets.
+Per decode step the watch adds sum over kinds of (calls per step x added us per call) of host
+time, and ``share_of_step`` is that over the measured step. A watched function the engine
+calls that no timing here covers is listed under ``untimed_calls`` and fails the run (exit 1).
+Host time is an upper bound: with the overlap scheduler the host prepares the next batch while
+the GPU runs, so it costs throughput only where the host is the bottleneck.
 
-    python benchmark/watch_overhead.py [--batch-size 4] [--context-length 1024] [--speculative-num-steps 5]
-        [--step-ms 10.6] [--output-file FILE]
-    python benchmark/watch_overhead.py --smoke [--output-file FILE]
+torch and sglang are imported after the arguments are parsed: ``--help`` needs neither.
+``--smoke`` (CI, CPU, Triton interpreter): tiny sizes (batch 2, context 64, steps 1, 2 blocks of
+1 call), the same hook timing code on the real backends, the engine's configuration built but
+no engine started; its rows say ``"smoke": true`` and hold no timing (null).
+
+    python benchmark/watch_overhead.py [--backend dsa|triton] [--batch-sizes 4 32] [--context-length 1024]
+        [--speculative-num-steps 5] [--max-new-tokens 384] [--output-file FILE]
+    python benchmark/watch_overhead.py --smoke [--backend triton] [--output-file FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib
 import os
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+import decode_step
 from bench_common import add_output_file_argument, append_jsonl, jsonl_row
 
 # --smoke: the sizes of the CPU run (CI), small enough for Triton's interpreter.
-SMOKE_SIZES = {"batch_size": 2, "context_length": 64, "speculative_num_steps": 1, "calls": 1, "blocks": 2}
+SMOKE_SIZES = {"batch_sizes": [2], "context_length": 64, "speculative_num_steps": 1, "calls": 1, "blocks": 2}
+REPLAY_KIND = {"dsa": "dsa_replay", "triton": "triton_replay"}  # release.DSA_REPLAY, TRITON_REPLAY
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=4, help="requests per decode step (default 4)")
-    parser.add_argument("--context-length", type=int, default=1024, help="context_length (default 1024)")
-    parser.add_argument(
-        "--speculative-num-steps", type=int, default=5, help="EAGLE steps, topk 1: D = steps + 1 (default 5)"
-    )
-    parser.add_argument(
-        "--replays-per-step",
-        type=int,
-        default=None,
-        help="CUDA-graph replays per decode step the replay check runs on (default steps + 1)",
-    )
+    decode_step.add_arguments(parser)
     parser.add_argument("--calls", type=int, default=500, help="calls per timed block (default 500)")
     parser.add_argument("--blocks", type=int, default=20, help="timed blocks per variant (default 20)")
-    parser.add_argument(
-        "--step-ms",
-        type=float,
-        default=None,
-        help="a measured decode step in ms, to state the watch's share of it (default: not stated)",
-    )
-    add_output_file_argument(parser, what="run")
+    add_output_file_argument(parser, what="batch size")
     parser.add_argument(
         "--smoke",
         action="store_true",
         help="CI smoke run on CPU (Triton interpreter): batch 2, context 64, steps 1, 2 blocks of 1 "
-        'call; the row says "smoke": true and holds no timing',
+        'call, no engine; the rows say "smoke": true and hold no timing',
     )
     return parser
-
-
-def _resolve(target: str):
-    module, _, name = target.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError:  # Class.method
-        module, _, owner = module.rpartition(".")
-        return getattr(getattr(importlib.import_module(module), owner), name)
-
-
-def _candidate(watch, version: str, kind: str):
-    return next(c for c in watch.select(version, resolve=False) if c.kind == kind)
 
 
 def _timed_blocks(variants: dict, calls: int, blocks: int, sync) -> dict:
@@ -116,6 +96,74 @@ def _summary(per_call: dict) -> dict:
     }
 
 
+def _time_hook(watch, candidate, original, args, kwargs, context, settings) -> dict:
+    """One hook around sglang's function, against that function alone, on the same arguments."""
+    site = watch.Site(candidate.kind, candidate.target, candidate.buffer, slot=0)
+    hook = watch._HOOK_FACTORIES[candidate.kind](site)
+    variants = {
+        "plain": lambda: original(*args, **kwargs),
+        "watched": lambda: hook(original, *args, **kwargs),
+    }
+    with context():
+        for call in variants.values():  # warm-up: Triton compiles, the counters are allocated
+            call()
+        if site.width is None or site.failed:  # returned early: the time would not be the check's
+            raise RuntimeError(f"the {candidate.kind} check did not reach its comparison ({site.failed})")
+        timed = _timed_blocks(variants, settings.calls, settings.blocks, settings.sync)
+    watch.reset()
+    return {"target": candidate.target, **_summary(timed)}
+
+
+def _row_calls(torch, bs: int, C: int, D: int, device: str) -> dict:
+    """The arguments sglang passes the row writer (decode reservation 2D) and reader (verify, D)."""
+    width = C + 4 + 2 * D  # any width: the check's cost does not depend on it
+    pool = torch.zeros((bs + 1, width), dtype=torch.int32, device=device)
+    rows = torch.arange(1, bs + 1, dtype=torch.int64, device=device)
+    start = torch.full((bs,), C - 2 * D, dtype=torch.int64, device=device)
+    out_cache_loc = torch.arange(bs * 2 * D, dtype=torch.int64, device=device)
+    return {
+        "row_write": (rows, pool, start, start + 2 * D, out_cache_loc, bs),
+        "row_read": (rows, pool, start, start + D, bs, D, device),
+    }
+
+
+def time_hooks(args, bs: int, settings) -> dict:
+    """{kind: timing} of the hooks the backend calls, each on its real sglang function."""
+    import contextlib
+    import pkgutil
+
+    import watch_replay_calls
+
+    from sglang_dsa_fix import watch
+
+    torch, device = settings.torch, settings.device
+    candidates = {c.kind: c for c in watch.select(settings.version, resolve=False)}
+    C, D = args.context_length, args.speculative_num_steps + 1
+    results = {}
+    for kind, arguments in _row_calls(torch, bs, C, D, device).items():
+        original = pkgutil.resolve_name(candidates[kind].target)
+        results[kind] = _time_hook(
+            watch, candidates[kind], original, arguments, {}, contextlib.nullcontext, settings
+        )
+    replay = candidates[REPLAY_KIND[args.backend]]
+    original, replay_args, replay_kwargs, context = watch_replay_calls.REPLAYS[args.backend](
+        replay.target, bs, C, D, device
+    )
+    results[replay.kind] = _time_hook(watch, replay, original, replay_args, replay_kwargs, context, settings)
+    return results
+
+
+def per_step(hooks: dict, installed: list, step: dict | None) -> dict:
+    """The watch's host time per decode step from the timed hooks and the engine's call counts."""
+    if step is None:
+        return {"added_us_per_decode_step": None, "share_of_step": None, "untimed_calls": None}
+    calls = step["calls_per_step"]
+    untimed = {kind: n for kind, n in calls.items() if n and kind not in hooks}
+    added = sum(calls.get(kind, 0) * timing["added_us_median"] for kind, timing in hooks.items())
+    share = added / (step["step_ms"] * 1000) if step["step_ms"] else None
+    return {"added_us_per_decode_step": added, "share_of_step": share, "untimed_calls": untimed}
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.smoke:
@@ -130,112 +178,104 @@ def main(argv=None) -> int:
     on_cuda = torch.cuda.is_available() and not args.smoke
     if not on_cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton loads
-    device = "cuda" if on_cuda else "cpu"
-    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+    from types import SimpleNamespace
 
     from sglang_dsa_fix import watch
     from sglang_dsa_fix.proof import replay
 
-    version = replay.installed_version()
-    bs, C, steps = args.batch_size, args.context_length, args.speculative_num_steps
-    D = steps + 1
-    width = C + 4 + 2 * D  # any width: the check's cost does not depend on it
-    pool = torch.zeros((bs + 1, width), dtype=torch.int32, device=device)
-    rows = torch.arange(1, bs + 1, dtype=torch.int64, device=device)
-    start = torch.full((bs,), C - 2 * D, dtype=torch.int64, device=device)
-    end = start + 2 * D
-    out_cache_loc = torch.arange(bs * 2 * D, dtype=torch.int64, device=device)
-
-    results = {}
-    for kind, arguments in (
-        (watch.ROW_WRITE, (rows, pool, start, end, out_cache_loc, bs)),
-        (watch.ROW_READ, (rows, pool, start, start + D, bs, D, device)),
-    ):
-        candidate = _candidate(watch, version, kind)
-        original = _resolve(candidate.target)
-        hook = watch._HOOK_FACTORIES[kind](watch.Site(kind, candidate.target, candidate.buffer))
-        variants = {
-            "plain": lambda o=original, a=arguments: o(*a),
-            "watched": lambda h=hook, o=original, a=arguments: h(o, *a),
-        }
-        for call in variants.values():  # warm-up: Triton compiles, the counters are allocated
-            call()
-        results[kind] = {
-            "target": candidate.target,
-            **_summary(_timed_blocks(variants, args.calls, args.blocks, sync)),
-        }
-        watch.reset()
-
-    # The replay check: host arithmetic on seq_lens_cpu; the real method needs a captured graph,
-    # so both variants call a no-op with its signature.
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    candidate = _candidate(watch, version, watch.DSA_REPLAY)
-    real = _resolve(candidate.target)
-    noop = functools.wraps(real)(lambda *a, **k: None)  # inspect.signature follows __wrapped__
-    backend = type("Backend", (), {})()
-    backend.speculative_num_draft_tokens = D
-    backend.req_to_token = pool
-    backend.decode_cuda_graph_metadata = {
-        bs: type("Metadata", (), {"page_table_1": torch.zeros((bs * D, width), dtype=torch.int32)})()
-    }
-    seq_lens_cpu = torch.full((bs,), C - 2 * D, dtype=torch.int64)
-    replay_args = (backend, bs, rows, start, seq_lens_cpu, ForwardMode.TARGET_VERIFY, None)
-    hook = watch._HOOK_FACTORIES[watch.DSA_REPLAY](
-        watch.Site(watch.DSA_REPLAY, candidate.target, candidate.buffer)
+    settings = SimpleNamespace(
+        torch=torch,
+        device="cuda" if on_cuda else "cpu",
+        sync=torch.cuda.synchronize if on_cuda else (lambda: None),
+        version=replay.installed_version(),
+        calls=args.calls,
+        blocks=args.blocks,
     )
-    variants = {"plain": lambda: noop(*replay_args), "watched": lambda: hook(noop, *replay_args)}
-    for call in variants.values():
-        call()
-    results[watch.DSA_REPLAY] = {
-        "target": candidate.target,
-        **_summary(_timed_blocks(variants, args.calls, args.blocks, lambda: None)),
-    }
-    watch.reset()
+    installed = [c.kind for c in watch.select(settings.version)]
+    hooks = {bs: time_hooks(args, bs, settings) for bs in args.batch_sizes}
+    steps, error = measure_steps(args, on_cuda, settings)
+    rows = [
+        row_for(args, bs, hooks[bs], installed, steps.get(bs), settings, torch, on_cuda)
+        for bs in args.batch_sizes
+    ]
+    for row in rows:
+        report(row)
+    if args.smoke:
+        print("SMOKE RUN on CPU (Triton interpreter, no engine): the times above are not figures")
+    if error:
+        print(f"watch_overhead: the decode step was not measured: {error}", file=sys.stderr)
+    if args.output_file:
+        append_jsonl(
+            args.output_file, [without_timings(r) if args.smoke else {**r, "error": error} for r in rows]
+        )
+    return 1 if error or any(r["untimed_calls"] for r in rows) else 0
 
-    replays = args.replays_per_step if args.replays_per_step is not None else steps + 1
-    per_step_us = (
-        results[watch.ROW_WRITE]["added_us_median"]
-        + results[watch.ROW_READ]["added_us_median"]
-        + replays * results[watch.DSA_REPLAY]["added_us_median"]
-    )
-    row = jsonl_row(
+
+def measure_steps(args, on_cuda: bool, settings) -> tuple:
+    """({bs: step}, error): the engine's decode steps. On CPU (no engine) its configuration is
+    built, and the counting plugin counts one real row write through sglang's HookRegistry."""
+    import decode_step
+
+    from sglang_dsa_fix import watch
+
+    with tempfile.TemporaryDirectory(prefix="watch-overhead-") as work:
+        if on_cuda:
+            try:
+                return decode_step.measure(args.backend, args, Path(work)), None
+            except Exception as exc:  # the hooks' timings are still worth their row
+                return {}, f"{type(exc).__name__}: {exc}"
+        model = decode_step.write_model(
+            Path(work) / "model", args.context_length, decode_step.MODELS[args.backend]
+        )
+        decode_step.engine_config(args.backend, args, model)  # what a rename could break
+        bs, D = args.batch_sizes[0], args.speculative_num_steps + 1
+        write = _row_calls(settings.torch, bs, args.context_length, D, "cpu")["row_write"]
+        target = next(c.target for c in watch.select(settings.version) if c.kind == "row_write")
+        settings.counted = decode_step.counted_once(Path(work), target, write)
+        return {}, None
+
+
+def row_for(args, bs: int, hooks: dict, installed: list, step, settings, torch, on_cuda: bool) -> dict:
+    D = args.speculative_num_steps + 1
+    return jsonl_row(
         {
             "benchmark": "watch_overhead",
             **({"smoke": True} if args.smoke else {}),
+            "backend": args.backend,
             "device": torch.cuda.get_device_name() if on_cuda else "cpu",
             "torch": torch.__version__,
             "batch_size": bs,
-            "context_length": C,
-            "speculative_num_steps": steps,
+            "context_length": args.context_length,
+            "speculative_num_steps": args.speculative_num_steps,
             "speculative_num_draft_tokens": D,
-            "replays_per_step": replays,
             "calls_per_block": args.calls,
             "blocks": args.blocks,
-            "hooks": results,
-            "added_us_per_decode_step": per_step_us,
-            "step_ms": args.step_ms,
-            "share_of_step": per_step_us / (args.step_ms * 1000) if args.step_ms else None,
+            "installed_hooks": installed,
+            "hooks": hooks,
+            "decode_step": step,
+            **per_step(hooks, installed, step),
+            **({"smoke_counted_calls": settings.counted} if args.smoke else {}),
         }
     )
-    for kind, r in results.items():
+
+
+def report(row: dict) -> None:
+    calls = (row["decode_step"] or {}).get("calls_per_step", {})
+    for kind, r in row["hooks"].items():
         print(
-            f"{kind:10s} {r['target']}: {r['plain_us_median']:.1f} us alone, {r['watched_us_median']:.1f} us "
-            f"watched -> +{r['added_us_median']:.1f} us per call (blocks: {r['added_us_min']:.1f} .. "
-            f"{r['added_us_max']:.1f})"
+            f"bs {row['batch_size']} {kind:13s} {r['target']}: {r['plain_us_median']:.1f} us alone, "
+            f"{r['watched_us_median']:.1f} us watched -> +{r['added_us_median']:.1f} us per call (blocks: "
+            f"{r['added_us_min']:.1f} .. {r['added_us_max']:.1f}); {calls.get(kind, '?')} calls per step"
         )
-    share = (
-        f" = {100 * row['share_of_step']:.2f} % of a {args.step_ms} ms decode step" if args.step_ms else ""
-    )
-    print(
-        f"per decode step (1 row write, 1 row read, {replays} replays; bs {bs}, D {D}): "
-        f"+{per_step_us:.1f} us of host time{share}"
-    )
-    if args.smoke:
-        print("SMOKE RUN on CPU (Triton interpreter): the times above are not figures")
-    if args.output_file:
-        append_jsonl(args.output_file, [without_timings(row) if args.smoke else row])
-    return 0
+    if row["decode_step"] and row["share_of_step"] is not None:
+        step = row["decode_step"]
+        print(
+            f"bs {row['batch_size']} {row['backend']}: decode step {step['step_ms']:.2f} ms (median of "
+            f"{step['step_gaps']} gaps, {step['steps']} steps); the watch +{row['added_us_per_decode_step']:.1f} "
+            f"us of host time = {100 * row['share_of_step']:.2f} % of it"
+        )
+    if row["untimed_calls"]:
+        print(f"bs {row['batch_size']}: watched functions called but not timed: {row['untimed_calls']}")
 
 
 def without_timings(row: dict) -> dict:

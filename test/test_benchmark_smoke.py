@@ -85,7 +85,11 @@ def job_gpu_tier(tmp):
 
 def job_watch_overhead(tmp):
     out = tmp / "watch.jsonl"
-    return SimpleNamespace(done=run(tmp, *script("watch_overhead", "--smoke", "--output-file", out)), out=out)
+    done = [
+        run(tmp, *script("watch_overhead", "--smoke", "--backend", b, "--output-file", out))
+        for b in ("dsa", "triton")
+    ]
+    return SimpleNamespace(done=done, out=out)
 
 
 def job_row_observer(tmp):
@@ -161,6 +165,9 @@ JOBS = {
 SCRIPT_JOB = {
     "dsa_replay_cost": "gpu_tier",  # run by the GPU tier script, as on the GPU host
     "watch_overhead": "watch_overhead",
+    "watch_replay_calls": "watch_overhead",
+    "decode_step": "watch_overhead",
+    "hook_calls": "watch_overhead",
     "row_observer": "row_observer",
     "dsa_row_overflow_e2e": "row_overflow_e2e",
     "dsa_eagle_long_gen": "long_gen",
@@ -263,16 +270,29 @@ def test_gpu_tier_script_runs_its_tiers_and_dsa_replay_cost(smoke):
 @uses("watch_overhead")
 def test_watch_overhead(smoke):
     out = smoke["watch_overhead"].result()
-    ok(out.done)
-    assert "SMOKE RUN" in out.done.stdout
-    (row,) = jsonl(out.out)
-    check_provenance(row)
-    assert row["benchmark"] == "watch_overhead" and row["smoke"] is True and row["device"] == "cpu"
-    assert set(row["hooks"]) == {"row_write", "row_read", "dsa_replay"}
-    for hook in row["hooks"].values():
-        assert hook["target"].startswith("sglang.srt.")
-        assert all(value is None for key, value in hook.items() if key != "target")
-    assert row["added_us_per_decode_step"] is None and row["share_of_step"] is None
+    for done in out.done:
+        ok(done)
+        assert "SMOKE RUN" in done.stdout
+    dsa, triton = jsonl(out.out)
+    for row, replay in ((dsa, "dsa_replay"), (triton, "triton_replay")):
+        check_provenance(row)
+        assert row["benchmark"] == "watch_overhead" and row["smoke"] is True and row["device"] == "cpu"
+        assert row["backend"] == replay.split("_")[0] and row["batch_size"] == 2
+        # every hook the backend calls, each timed on the real sglang function it wraps
+        assert set(row["hooks"]) == {"row_write", "row_read", replay}
+        assert set(row["hooks"]) <= set(row["installed_hooks"])
+        for hook in row["hooks"].values():
+            assert hook["target"].startswith("sglang.srt.")
+            assert all(value is None for key, value in hook.items() if key != "target")
+        assert row["decode_step"] is None  # no engine on CPU
+        # the engine's call counter, applied by sglang's HookRegistry: one real row write seen
+        counted = row["smoke_counted_calls"]
+        assert counted["row_write"] == 1 and set(counted) == set(row["installed_hooks"])
+        assert sum(counted.values()) == 1
+        assert row["added_us_per_decode_step"] is None and row["share_of_step"] is None
+    assert triton["hooks"]["triton_replay"]["target"].endswith(
+        "TritonAttnBackend.init_forward_metadata_out_graph"
+    )
 
 
 @uses("row_observer")
