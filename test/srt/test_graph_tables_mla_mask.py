@@ -470,7 +470,7 @@ class TestEarlierFormRevertsThenApplies(_CASE or unittest.TestCase):
         for path, original in files.items():
             self.assertNotEqual(path.read_bytes(), original)  # the block table's edits
             self.assertTrue(pristine in path.read_bytes(), path)  # the mask as sglang wrote it
-        rc, out, err = self.cli("check")
+        rc, out, err = self.cli("check", "-v")
         self.assertEqual(rc, 0, (out, err))
         self.assertIn("an earlier sglang-dsa-fix form of this change", out)
         self.assertEqual(self.cli("revert")[0], 0)
@@ -479,5 +479,5 @@ class TestEarlierFormRevertsThenApplies(_CASE or unittest.TestCase):
         self.assertEqual(self.cli("apply")[0], 0)
         for path in files:
             self.assertTrue(fixed in path.read_bytes(), path)
-        rc, out, _ = self.cli("check")
+        rc, out, _ = self.cli("check", "-v")
         self.assertNotIn("an earlier sglang-dsa-fix form", out)
