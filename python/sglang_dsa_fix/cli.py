@@ -15,9 +15,9 @@ import sys
 from sglang_dsa_fix import __version__, render, source_patch
 from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.errors import EXIT_CANNOT_TELL, EXIT_ERROR, EXIT_OK, ToolError
+from sglang_dsa_fix.option_types import directory, human_int, positive, seconds
 from sglang_dsa_fix.render import printable
 from sglang_dsa_fix.resolve import GPU_PROFILE_NAMES
-from sglang_dsa_fix.server_status import MAX_TIMEOUT
 
 PROG = "sglang-dsa-fix"
 MAX_ERROR_LINE = 500  # characters of an error message printed (the rest is cut, and said so)
@@ -122,65 +122,6 @@ def run_demo(args) -> tuple[dict, str, int]:
     return {"exit_code": code}, "", code
 
 
-# Integer options' range: sglang's token counts are int32 (req_to_token's dtype).
-MAX_INT_OPTION = 2**31 - 1
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:  # also: more digits than int() converts
-        value = 0
-    if not 0 < value <= MAX_INT_OPTION:
-        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_INT_OPTION}, got {text[:40]}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= MAX_TIMEOUT:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, got {text[:40]}"
-        )
-    return value
-
-
-_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-
-
-def _human_int(text: str) -> int:
-    """A positive int as sglang's flags take it (0.5.23 utils/common.py:3394): ``163840``,
-    ``160Ki`` (IEC, integers only), ``25.6k`` (SI); suffixes are case-sensitive."""
-    import re
-    from decimal import Decimal
-
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?", text.strip()[:64])
-    if (
-        len(text.strip()) > 64
-        or not match
-        or (match[2] in _IEC and "." in match[1])
-        or (match[2] is None and "." in match[1])
-    ):
-        raise argparse.ArgumentTypeError(
-            f"invalid integer {text[:40]!r}: a plain integer, SI (25.6k, 1M) or IEC (160Ki) suffixes"
-        )
-    number, suffix = match.groups()
-    value = int(Decimal(number) * (_SI.get(suffix) or _IEC.get(suffix) or 1))
-    if not 0 < value <= MAX_INT_OPTION:
-        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_INT_OPTION}, got {text}")
-    return value
-
-
-def _directory(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
-
-
 # name -> (handler, help); one table for every command.
 COMMANDS = {
     "check": (
@@ -252,7 +193,7 @@ def build_parser(json_requested: bool = False) -> argparse.ArgumentParser:
     common.add_argument(
         "--sglang-root",
         metavar="DIR",
-        type=_directory,
+        type=directory,
         help="sglang source checkout (holding python/sglang) or site-packages; "
         "default: the importable sglang",
     )
@@ -277,7 +218,14 @@ def build_parser(json_requested: bool = False) -> argparse.ArgumentParser:
             help="as root, write even where a directory on the way is writable by another user "
             "(refused by default, as sudo and sshd do); never outside the sglang tree",
         )
-    status = parsers["status"]
+    _status_options(parsers["status"])
+    _static_shape_options(parsers["status"])
+    _demo_options(parsers["demo"])
+    return parser
+
+
+def _status_options(status) -> None:
+    """status's own options: the live server, the target interpreter, the GPU profile, --prove."""
     status.usage = (
         "%(prog)s [--sglang-root DIR] [--python PATH] [--gpu PROFILE] [--allow-unsafe-dirs] [--json] "
         "-- <launch_server args>\n"
@@ -290,7 +238,7 @@ def build_parser(json_requested: bool = False) -> argparse.ArgumentParser:
     )
     status.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds,
         metavar="SECONDS",
         help="with --url: deadline for the whole request (default 30)",
     )
@@ -326,19 +274,23 @@ def build_parser(json_requested: bool = False) -> argparse.ArgumentParser:
         help="with `--`: also drive sglang's real decode path on this machine (CPU: Triton's "
         "interpreter) for the resolved configuration and report the columns it writes past the row",
     )
+
+
+def _static_shape_options(status) -> None:
+    """status's shape flags: the static rule, for a machine without the server's environment."""
     static = status.add_argument_group(
         "static rule (no sglang import; prefer `-- <launch_server args>`)",
         "sglang's flag spellings; --context-length and --speculative-num-draft-tokens go together",
     )
     static.add_argument(
         "--context-length",
-        type=_human_int,
+        type=human_int,
         help="the model's context length, e.g. 163840 or 160Ki (required)",
     )
-    static.add_argument("--speculative-num-draft-tokens", type=_positive, help="D (required)")
-    static.add_argument("--speculative-num-steps", type=_positive, help="default: D - 1")
-    static.add_argument("--speculative-eagle-topk", type=_positive, help="default: 1")
-    static.add_argument("--page-size", type=_positive, help="default: 1")
+    static.add_argument("--speculative-num-draft-tokens", type=positive, help="D (required)")
+    static.add_argument("--speculative-num-steps", type=positive, help="default: D - 1")
+    static.add_argument("--speculative-eagle-topk", type=positive, help="default: 1")
+    static.add_argument("--page-size", type=positive, help="default: 1")
     static.add_argument(
         "--speculative-algorithm",
         type=str.upper,
@@ -348,19 +300,21 @@ def build_parser(json_requested: bool = False) -> argparse.ArgumentParser:
     static.add_argument(
         "--disable-overlap-schedule", action="store_true", default=None, help="default: overlap on"
     )
-    demo = parsers["demo"]
+
+
+def _demo_options(demo) -> None:
+    """demo's options: bug #1's shape and the device."""
     demo.add_argument(
-        "--context-length", type=_positive, default=4096, help="bug #1's context length (default 4096)"
+        "--context-length", type=positive, default=4096, help="bug #1's context length (default 4096)"
     )
     demo.add_argument(
-        "--speculative-num-draft-tokens", type=_positive, default=5, help="bug #1's D (default 5)"
+        "--speculative-num-draft-tokens", type=positive, default=5, help="bug #1's D (default 5)"
     )
-    demo.add_argument("--page-size", type=_positive, default=64, help="bug #1's page size (default 64)")
-    demo.add_argument("--bs", type=_positive, default=4, help="bug #1's captured batch size (default 4)")
+    demo.add_argument("--page-size", type=positive, default=64, help="bug #1's page size (default 64)")
+    demo.add_argument("--bs", type=positive, default=4, help="bug #1's captured batch size (default 4)")
     demo.add_argument(
         "--device", choices=("cpu", "cuda"), default=None, help="default: cuda when present, else cpu"
     )
-    return parser
 
 
 def main(argv=None) -> int:

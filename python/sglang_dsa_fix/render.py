@@ -93,6 +93,7 @@ def _configuration_lines(report: dict) -> list:
 
 
 def _at_configuration_lines(bug: dict) -> list:
+    """A member's numbers at a configuration, by the shape of what its rule returned."""
     at = bug["at_configuration"]
     # Reached, but the plugin holds it: the numbers below are sglang's own, without the plugin.
     where = "at this configuration" + (
@@ -102,57 +103,76 @@ def _at_configuration_lines(bug: dict) -> list:
         return [f"  at this configuration: not reachable ({at['why_not']})"]
     if at.get("cannot_tell"):
         return [f"  at this configuration: cannot tell ({at['cannot_tell']})"]
-    if "draft_kv_indices_needed" in at:  # Triton's flat buffers
-        verdict = "they read (and write) past the buffers" if at["reachable"] else "they fit"
-        mask = (
-            f" and the verify needs {at['verify_mask_cells_needed']} mask cells per request of "
-            f"{at['verify_mask_cells_per_request']}"
-            if "verify_mask_cells_needed" in at
-            else ""
-        )
-        return [
-            f"  {where}: with {at['when']}, the draft decode writes {at['draft_kv_indices_needed']} "
-            f"kv_indices per request into {at['draft_kv_indices_per_request']}{mask} ({at['from']}) -> {verdict}"
-        ]
-    if "graph_page_table_pages" in at:  # bug #3 and its relatives
-        verdict = (
-            f"reads {at['pages_past_table']} page(s) past its table row"
-            if at["pages_past_table"]
-            else "reads inside its table row"
-        )
-        name = "FA3 graph page tables" if bug["bug"] == Bug.FA3_PAGE_TABLE.value else "graph table"
-        lines = [
-            f"  {where}: {name} {at['graph_page_table_pages']} pages "
-            f"({at['graph_page_table_from']}); the longest target_verify reads "
-            f"{at['longest_verify_pages_read']} -> {verdict} (with the fix: "
-            f"{at['graph_page_table_pages_with_fix']} pages)"
-        ]
-        if "verify_mask_cells_needed" in at:  # TRT-LLM MLA / FlashMLA's verify tree mask
-            over = at["verify_mask_cells_needed"] > at["verify_mask_cells_per_request"]
-            lines.append(
-                "  and with every request of the largest captured batch at the longest verify, the tree "
-                f"builder writes {at['verify_mask_cells_needed']} mask cells per request of "
-                f"{at['verify_mask_cells_per_request']} -> {'past the mask' if over else 'they fit'} "
-                f"(with the fix: {at['verify_mask_cells_with_fix']})"
-            )
-        return lines
-    if bug["bug"] == Bug.PAGE_TABLE.value:
-        verdict = (
-            f"target_verify overflows for seq_len {at['overflowing_seq_lens'][0]}.."
-            f"{at['overflowing_seq_lens'][1]}"
-            if at["reachable"]
-            else "cannot overflow"
-            if at["reachable"] is False
-            else "width expression not evaluated"
-        )
-        return [
-            f"  {where}: req_to_token width {at['req_to_token_width']}, graph "
-            f"page_table width {at['graph_page_table_width']} ({at['graph_page_table_from']}), longest "
-            "target_verify seq_len "
-            f"{at['longest_verify_seq_len']} -> {verdict}"
-        ]
+    if "draft_kv_indices_needed" in at:
+        return _flat_buffer_lines(at, where)
+    if "graph_page_table_pages" in at:
+        return _graph_table_lines(at, where)
+    if "req_to_token_width" in at:
+        return _page_table_lines(at, where)
+    return _row_lines(at, where)
+
+
+def _flat_buffer_lines(at: dict, where: str) -> list:
+    """Triton's flat buffers: the draft decode's kv_indices and the verify mask per request."""
+    verdict = "they read (and write) past the buffers" if at["reachable"] else "they fit"
+    mask = (
+        f" and the verify needs {at['verify_mask_cells_needed']} mask cells per request of "
+        f"{at['verify_mask_cells_per_request']}"
+        if "verify_mask_cells_needed" in at
+        else ""
+    )
+    return [
+        f"  {where}: with {at['when']}, the draft decode writes {at['draft_kv_indices_needed']} "
+        f"kv_indices per request into {at['draft_kv_indices_per_request']}{mask} ({at['from']}) -> {verdict}"
+    ]
+
+
+def _graph_table_lines(at: dict, where: str) -> list:
+    """A graph table in pages (FA3 and its relatives), and a verify tree mask where there is one."""
     verdict = (
-        f"the last decode reservation writes {at['columns_past_row_end']} column(s) into the next "
+        f"reads {at['pages_past_table']} page(s) past its table row"
+        if at["pages_past_table"]
+        else "reads inside its table row"
+    )
+    lines = [
+        f"  {where}: graph table {at['graph_page_table_pages']} pages "
+        f"({at['graph_page_table_from']}); the longest target_verify reads "
+        f"{at['longest_verify_pages_read']} -> {verdict} (with the fix: "
+        f"{at['graph_page_table_pages_with_fix']} pages)"
+    ]
+    if "verify_mask_cells_needed" in at:  # TRT-LLM MLA / FlashMLA's verify tree mask
+        over = at["verify_mask_cells_needed"] > at["verify_mask_cells_per_request"]
+        lines.append(
+            "  and with every request of the largest captured batch at the longest verify, the tree "
+            f"builder writes {at['verify_mask_cells_needed']} mask cells per request of "
+            f"{at['verify_mask_cells_per_request']} -> {'past the mask' if over else 'they fit'} "
+            f"(with the fix: {at['verify_mask_cells_with_fix']})"
+        )
+    return lines
+
+
+def _page_table_lines(at: dict, where: str) -> list:
+    """A graph page_table in tokens against req_to_token's width (bug #1's shape)."""
+    verdict = (
+        f"target_verify overflows for seq_len {at['overflowing_seq_lens'][0]}.."
+        f"{at['overflowing_seq_lens'][1]}"
+        if at["reachable"]
+        else "cannot overflow"
+        if at["reachable"] is False
+        else "width expression not evaluated"
+    )
+    return [
+        f"  {where}: req_to_token width {at['req_to_token_width']}, graph "
+        f"page_table width {at['graph_page_table_width']} ({at['graph_page_table_from']}), longest "
+        "target_verify seq_len "
+        f"{at['longest_verify_seq_len']} -> {verdict}"
+    ]
+
+
+def _row_lines(at: dict, where: str) -> list:
+    """A request's req_to_token row against its decode reservation, and --prove's measurement."""
+    verdict = (
+        f"the last decode reservation writes up to {at['columns_past_row_end']} column(s) into the next "
         "request's row"
         if at["reachable"]
         else "no write past the row end"
