@@ -2,6 +2,7 @@
 files the tool reads, the CLI run in-process, and tree snapshots (bytes, owner, mode)."""
 
 import contextlib
+import copy
 import hashlib
 import io
 import os
@@ -9,8 +10,9 @@ import shutil
 import tempfile
 import unittest
 from pathlib import Path
+from unittest import mock
 
-from sglang_dsa_fix import cli, release, sites, tree
+from sglang_dsa_fix import cli, plugin, release, sites, tree
 from sglang_dsa_fix.snapshot import read as read_files
 
 INSTALLED = tree.find_tree(None)
@@ -93,3 +95,35 @@ class PatchToolTestCase(unittest.TestCase):
         data = path.read_bytes()
         self.assertIn(old, data)
         path.write_bytes(data.replace(old, new, count))
+
+
+class PluginRegistration(unittest.TestCase):
+    """``register()`` in this process against sglang's real HookRegistry; its hooks and the
+    plugin's state are put back after each test."""
+
+    def setUp(self):
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        hooks = {target: list(entries) for target, entries in HookRegistry._hooks.items()}
+        state = copy.deepcopy(plugin.STATE)
+
+        def restore():
+            HookRegistry._hooks.clear()
+            HookRegistry._hooks.update(hooks)
+            plugin.STATE.clear()
+            plugin.STATE.update(state)
+
+        self.addCleanup(restore)
+        self.registry = HookRegistry
+
+    def register(self, **env) -> dict:
+        """{target: [HookType names]} registered once ``register()`` ran with ``env``."""
+        # The fixes' hooks are registered but not applied to sglang's classes here (this
+        # process's later tests drive the pristine backends; test_plugin_imports applies them in
+        # a process of its own).
+        with mock.patch.dict(os.environ, env), mock.patch.object(plugin, "_apply"):
+            plugin.STATE["pid"] = None
+            plugin.register()
+        return {
+            target: [entry[0].name for entry in entries] for target, entries in self.registry._hooks.items()
+        }

@@ -22,7 +22,6 @@ Each watch hook is put around the real sglang function the way sglang's HookRegi
 """
 
 import contextlib
-import copy
 import json
 import os
 import pkgutil
@@ -35,6 +34,7 @@ from unittest import mock
 
 import graph_backends
 import torch
+from helpers import PluginRegistration
 
 from sglang_dsa_fix import fa3_width, plugin, release, runtime_fix, watch
 
@@ -664,33 +664,10 @@ class TestBackendReplays(unittest.TestCase):
         self.assert_short(watch.FLASHINFER_MLA_REPLAY, report, 128, 130)
 
 
-class TestPlugin(unittest.TestCase):
+class TestPlugin(PluginRegistration):
     def setUp(self):
-        from sglang.srt.plugins.hook_registry import HookRegistry
-
-        hooks = {target: list(entries) for target, entries in HookRegistry._hooks.items()}
-        state = copy.deepcopy(plugin.STATE)
-
-        def restore():
-            HookRegistry._hooks.clear()
-            HookRegistry._hooks.update(hooks)
-            plugin.STATE.clear()
-            plugin.STATE.update(state)
-            watch.reset()
-
-        self.addCleanup(restore)
-        self.registry = HookRegistry
-
-    def register(self, **env):
-        # The fixes' hooks are registered but not applied to sglang's classes here (this
-        # process's later tests drive the pristine backends; test_plugin_imports applies them in
-        # a process of its own).
-        with mock.patch.dict(os.environ, env), mock.patch.object(plugin, "_apply"):
-            plugin.STATE["pid"] = None
-            plugin.register()
-        return {
-            target: [entry[0].name for entry in entries] for target, entries in self.registry._hooks.items()
-        }
+        super().setUp()
+        self.addCleanup(watch.reset)
 
     def test_watch_registered_with_the_kill_switch(self):
         registered = self.register(SGLANG_DSA_FIX="0", SGLANG_DSA_FIX_WATCH="1")
