@@ -30,7 +30,8 @@ device tensor). One launch because the host time matters: the eager form (a doze
 cost about 190 us per call on the H200 (benchmark/watch_overhead.py, docs/gpu-results.md). The
 replay checks (``replay_checks.py``) only read ``seq_lens_cpu``, a host tensor the replay already
 holds, as Python ints (one ``tolist()``).
-Only ``report()`` reads the device counters (one copy to the host per device).
+Only ``report()`` reads the device counters (one copy to the host per device), and ``by_kind()``
+for /metrics, through the plugin's reader that never waits (``metrics.read_without_waiting``).
 """
 
 from __future__ import annotations
@@ -309,18 +310,42 @@ _HOOK_FACTORIES = {
 
 
 # --------------------------------------------------------------------------------------------
-# The report: the only place that reads device counters.
+# The report (and by_kind, for /metrics): the only places that read device counters.
 
 
-def _read_device_counters() -> list[list[int]]:
-    """[rows, columns, max end] per device slot, summed (max for the end) over devices."""
+def _read_device_counters(read=None) -> list[list[int]]:
+    """[rows, columns, max end] per device slot, summed (max for the end) over devices.
+    ``read(device, counters)``: the values as a list (None: ``tolist()``, which waits for them)."""
     totals = [[0, 0, 0] for _ in range(MAX_DEVICE_SITES)]
-    for counters in list(_DEVICE_COUNTERS.values()):
-        for slot, (rows, columns, end) in enumerate(counters.tolist()):
+    for device, counters in list(_DEVICE_COUNTERS.items()):
+        for slot, (rows, columns, end) in enumerate(read(device, counters) if read else counters.tolist()):
             totals[slot][0] += rows
             totals[slot][1] += columns
             totals[slot][2] = max(totals[slot][2], end)
     return totals
+
+
+def _site_counts(read=None):
+    """(site, count, columns, needed) per hooked site; ``read`` as for ``_read_device_counters``."""
+    device = _read_device_counters(read) if _DEVICE_COUNTERS else None
+    for site in _SITES.values():
+        if site.kind in DEVICE_KINDS:
+            yield (site, *(device[site.slot] if device else (0, 0, 0)))
+        else:
+            yield site, site.count, site.columns, site.needed
+
+
+def by_kind(read=None) -> dict:
+    """Per watched kind: [sites counted, columns past the end (None where the kind counts
+    none), checking (False once its check failed and switched off: its counts stop there)]."""
+    out = {}
+    for site, count, columns, _ in _site_counts(read):
+        counts_columns = COUNTERS[site.kind][1] is not None
+        entry = out.setdefault(site.kind, [0, 0 if counts_columns else None, True])
+        entry[0] += count
+        entry[1] = entry[1] + columns if counts_columns else None
+        entry[2] = entry[2] and site.failed is None
+    return out
 
 
 def report() -> dict:
@@ -330,13 +355,9 @@ def report() -> dict:
             if name:
                 out[name] = 0
     out[GRAPH_TOTAL] = 0
-    device = _read_device_counters() if _DEVICE_COUNTERS else None
     first, failed = None, {}
-    for site in _SITES.values():
-        if site.kind in DEVICE_KINDS:
-            count, columns, needed = device[site.slot] if device else (0, 0, 0)
-        else:
-            count, columns, needed = site.count, site.columns, site.needed
+    for site, count, columns, needed in _site_counts():
+        if site.kind not in DEVICE_KINDS:
             out[GRAPH_TOTAL] += count
         sites_name, columns_name = COUNTERS[site.kind]
         out[sites_name] += count
