@@ -19,7 +19,9 @@ sglang's own HookRegistry, AFTER hooks for each bug that is affected in this tre
 - always: ``Scheduler.get_internal_state`` → this plugin's state under ``sglang_dsa_fix`` in
   ``/server_info`` (``internal_states``), so a live server shows what is running;
 - opt-in (``SGLANG_DSA_FIX_WATCH=1``, kill switch or not): the family watch's AROUND hooks
-  (``watch.py``), its counters under ``watch`` in that state and in ``report()``.
+  (``watch.py``), its counters under ``watch`` in that state and in ``report()``;
+- where sglang's metrics are on (``--enable-metrics``): each member's state and the watch's
+  counters on sglang's ``/metrics`` too (``metrics.py``), set after sglang's own scheduler stats.
 
 It never raises into sglang: a failing hook logs one warning and leaves sglang's own value.
 ``load_plugins()`` runs before sglang configures logging, so the state is logged again from
@@ -44,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang_dsa_fix import __version__, graph_tables, members, watch
+from sglang_dsa_fix import __version__, graph_tables, members, metrics, watch
 from sglang_dsa_fix.switch import (  # noqa: F401 (the plugin's names, as sglang and tests know them)
     ENABLE_VALUES,
     ENTRY_POINT_NAMES,
@@ -336,6 +338,12 @@ def _internal_state_body(result, *args, **kwargs):
     return None
 
 
+def member_states() -> dict:
+    """{member: state token} as /server_info would report them now (for /metrics)."""
+    refresh_hook_states()
+    return {bug: info["state"] for bug, info in STATE["bugs"].items()}
+
+
 def report() -> dict:
     """What /server_info reports for this process; the family watch's counters under ``watch``."""
     return {**STATE, "watch": watch.report()}
@@ -419,6 +427,7 @@ def register() -> None:
         logger.warning(
             "sglang-dsa-fix: cannot hook %s (%s: %s)", INTERNAL_STATE_TARGET, type(exc).__name__, exc
         )
+    metrics.install(HookRegistry, HookType, member_states)  # only where sglang's metrics are on
     for plan in plans:
         if plan.target is None:
             _set(plan.bug, plan.state, plan.hook, plan.detail)
