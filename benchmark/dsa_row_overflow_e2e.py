@@ -161,6 +161,8 @@ def worker(args) -> int:
     else:
         model = write_model(Path(args.model_dir), args.context_length)
         kwargs = engine_kwargs(settings, model)
+    if args.metrics_wait is not None:
+        kwargs["enable_metrics"] = True
     prompts = [[200 + i % 1000 for i in range(n)] for n in (100, 20)]
     params = [{"max_new_tokens": None, "ignore_eos": True, "temperature": 0} for _ in prompts]
     out = {"variant": args.worker}
@@ -195,6 +197,8 @@ def worker(args) -> int:
                 "stdout": status.stdout,
                 "stderr": status.stderr,
             }
+            if args.metrics_wait is not None:
+                out["metrics"] = scrape_dsa_fix_metrics(requests, base, args.metrics_wait)
         finally:
             client.process.terminate()
             client.process.wait(timeout=60)
@@ -207,6 +211,15 @@ def worker(args) -> int:
     out["requests"] = request_summaries(prompts, results)
     print("RESULT " + json.dumps(out), flush=True)
     return 0
+
+
+def scrape_dsa_fix_metrics(requests, base: str, wait: float) -> list:
+    """The plugin's series on sglang's /metrics, after ``wait`` seconds: sglang logs its stats
+    (and the plugin writes its series) every 30 s idle, and the device counters arrive one stats
+    call late (sglang_dsa_fix.metrics)."""
+    time.sleep(wait)
+    text = requests.get(f"{base}/metrics", timeout=30).text
+    return [line for line in text.splitlines() if line.startswith("sglang:dsa_fix_")]
 
 
 def request_summaries(prompts, results) -> list:
@@ -246,6 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--generate-timeout", type=float, default=300, help="--server: seconds for the /generate request"
+    )
+    parser.add_argument(
+        "--metrics-wait",
+        type=float,
+        metavar="SECONDS",
+        help="--server: launch with --enable-metrics and, this long after the requests, keep the plugin's "
+        "series from /metrics in the row (65: two idle stats calls)",
     )
     parser.add_argument(
         "--variant-timeout", type=float, default=540, help="seconds for one variant's whole process"
@@ -336,6 +356,8 @@ def main(argv=None) -> int:
             "--generate-timeout",
             str(args.generate_timeout),
         ] + (["--server"] if server else [])
+        if server and args.metrics_wait is not None:
+            cmd += ["--metrics-wait", str(args.metrics_wait)]
         if args.smoke:
             cmd.append("--smoke")
         began = time.perf_counter()
