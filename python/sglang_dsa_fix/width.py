@@ -350,6 +350,41 @@ def longest_verify_pages(context_len: int, num_draft_tokens: int, page_size: int
     return pages_read(longest + num_draft_tokens, page_size)
 
 
+# Algorithms that verify without a draft model (no draft decode, no draft extend): NGRAM drafts
+# from its corpus on the host (0.5.14 speculative/ngram_worker.py:267-345).
+DRAFTLESS = ("NGRAM",)
+
+
+def tokens_per_verify(
+    algorithm: Optional[str], topk: int, num_steps: Optional[int], num_draft_tokens: int
+) -> int:
+    """The most tokens one verify appends to a request: the width of sglang's ``accept_index``,
+    ``verify_input.max_tree_depth`` (0.5.14 speculative/eagle_utils.py:431-433). EAGLE's tree is
+    ``spec_steps + 1`` deep (0.5.14 eagle_info.py:59-63, 0.5.17 :44, 0.5.23 :52; 0.5.13 sizes
+    accept_index so, eagle_info.py:284-285), so at topk > 1 fewer than D; NGRAM's is
+    node-budgeted, up to D (0.5.14 ngram_info.py:50-54, 0.5.17 :48, 0.5.23 :49).
+    At topk 1 sglang sets D = steps + 1. Unknown steps or another algorithm: D (no tree of D nodes
+    is deeper), so the bound is never smaller than sglang's."""
+    D = num_draft_tokens
+    if topk <= 1 or not num_steps or (algorithm or "").upper() in DRAFTLESS:
+        return D
+    if (algorithm or "").upper() in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"):
+        return min(D, num_steps + 1)
+    return D
+
+
+def longest_seq_len(inputs: dict) -> int:
+    """The longest seq_len a verify (or the draft decode before it) runs with at a configuration:
+    ``verify_seq_len_bound`` with the tokens one verify appends (``tokens_per_verify``). At topk
+    > 1 the real spec-v2 prepare under the scheduler loop (``proof.row_overflow``) reaches it
+    exactly: C 256, EAGLE topk 4 / steps 3 / D 8: 256 (overlap) / 252; NGRAM topk 10 / steps 1 /
+    D 12: 264 / 252 (test/srt/test_topk_reach.py)."""
+    a = tokens_per_verify(
+        inputs["algorithm"], inputs["topk"], inputs["num_steps"], inputs["num_draft_tokens"]
+    )
+    return verify_seq_len_bound(inputs["context_len"], a, inputs["overlap"])
+
+
 def decode_backend(config: dict) -> Optional[str]:
     """The attention backend decode (and its CUDA graphs) runs: sglang's
     --decode-attention-backend where set, else --attention-backend."""
@@ -388,6 +423,7 @@ def configuration_inputs(resolved: dict) -> dict:
         "no_speculative_decoding": resolved_by_sglang and not algorithm,
         "page_size": config.get("page_size") or 1,
         "topk": config.get("speculative_eagle_topk") or 1,
+        "num_steps": config.get("speculative_num_steps"),
         "cuda_graphs_disabled": bool(config.get("disable_cuda_graph")),
         "decode_backend": decode_backend(config),
         "verify_backend": verify_backend(config),

@@ -53,11 +53,38 @@ SENTINEL = -7
 FORM = installed_form()
 LONGEST = width.verify_seq_len_bound(C, STEPS + 1)  # a verify accepts up to steps + 1 tokens
 BATCHES = {"last": [SHORT] * (MAX_BS - 1) + [LONGEST], "all": [LONGEST] * MAX_BS}
-TABLE = {"verify": "target_verify_metadata_topk_normal", "draft": "draft_decode_metadata_topk_normal"}
+# The guarded table per mode: the prefix half of a topk > 1 verify / draft decode; the draft
+# extend's (topk-1 layout, ceil(C / page) pages; it reads seq_len + D keys at topk > 1 too).
+TABLE = {
+    "verify": "target_verify_metadata_topk_normal",
+    "draft": "draft_decode_metadata_topk_normal",
+    "extend": "draft_extend_metadata",
+}
 
 
-def pool(page: int):
-    extra = width.pristine_row_extra(FORM, width.SpecShape(C, D, STEPS, TOPK, page))
+@dataclass(frozen=True)
+class Shape:
+    """A speculative shape as sglang resolves it (EAGLE: D >= steps + 1; NGRAM: steps D // topk)."""
+
+    topk: int = TOPK
+    steps: int = STEPS
+    D: int = D
+    algorithm: str = "EAGLE"
+
+
+SHAPE = Shape()
+
+
+def spec_shape(shape: Shape, page: int) -> width.SpecShape:
+    return width.SpecShape(
+        C, shape.D, shape.steps, shape.topk, page, has_draft_kv=shape.algorithm not in width.DRAFTLESS
+    )
+
+
+def pool(page: int, shape: Shape = SHAPE, fixed_row: bool = False):
+    """req_to_token as the release sizes it, or (``fixed_row``) as bug #2's fix widens it: the
+    plugin fixes both, so a fixed deployment's FA3 tables follow the widened row."""
+    extra = (width.fixed_row_extra if fixed_row else width.pristine_row_extra)(FORM, spec_shape(shape, page))
     return g.req_to_token_pool(C, extra, page, MAX_BS)
 
 
@@ -76,27 +103,33 @@ class Built:
     pool: object
     tables: list  # per step backend: the guarded topk > 1 prefix table
     steps: list = field(default_factory=list)
+    shape: Shape = SHAPE
 
 
-def build(mode: str, page: int, module=None, fix=None, cpu_mirror: bool = True) -> Built:
+def build(
+    mode: str, page: int, module=None, fix=None, cpu_mirror: bool = True, shape: Shape = SHAPE, p=None
+) -> Built:
     """``fix``: None (as sglang ships), "runtime" (``fa3_width.enforce``) or "topk1"
     (``enforce`` with the topk > 1 tables put back: the fix as it was before they were in it).
     ``cpu_mirror``: the backend asks for seq_lens_cpu (0.5.16+ ``needs_cpu_seq_lens``, on with a
-    sharded KV pool, 0.5.23 :221); 0.5.13 - 0.5.15 always take it."""
-    p = pool(page)
-    if mode == "verify":
+    sharded KV pool, 0.5.23 :221); 0.5.13 - 0.5.15 always take it. ``mode`` "extend": the draft
+    runner's draft extend (DRAFT_EXTEND_V2, D tokens a request: 0.5.14 eagle_worker_v2.py:818-821;
+    its graph runner's max_num_tokens max_bs * D). ``p``: the pool (default ``pool(page, shape)``)."""
+    p = pool(page, shape) if p is None else p
+    topk, n, D = shape.topk, shape.steps, shape.D
+    if mode in ("verify", "extend"):
         backend = g.fa3_release_backend(p, C, D, page, module=module)
-        backend.topk, backend.speculative_num_steps = TOPK, STEPS
+        backend.topk, backend.speculative_num_steps = topk, n
         steps = [backend]
         backend.init_cuda_graph_state(MAX_BS, MAX_BS * D)
     else:  # the draft runner: one step backend per step 0 .. steps - 2, max_num_tokens max_bs * topk
         backend = g.fa3_draft_backend(p, C, D, page, module=module)
-        backend.topk, backend.speculative_num_steps = TOPK, STEPS
-        backend.attn_backends = backend.attn_backend_list = backend.attn_backends[: STEPS - 1]
+        backend.topk, backend.speculative_num_steps = topk, n
+        backend.attn_backends = backend.attn_backend_list = backend.attn_backends[: n - 1]
         for i, inner in enumerate(backend.attn_backends):
-            inner.topk, inner.speculative_num_steps, inner.speculative_step_id = TOPK, STEPS, i
+            inner.topk, inner.speculative_num_steps, inner.speculative_step_id = topk, n, i
         steps = list(backend.attn_backends)
-        backend.init_cuda_graph_state(MAX_BS, MAX_BS * TOPK)
+        backend.init_cuda_graph_state(MAX_BS, MAX_BS * topk)
     for inner in steps:
         inner.needs_cpu_seq_lens = cpu_mirror
     if fix is not None:
@@ -105,19 +138,23 @@ def build(mode: str, page: int, module=None, fix=None, cpu_mirror: bool = True) 
         if fix == "topk1":
             for inner, old in zip(steps, kept):
                 getattr(inner, TABLE[mode])["page_table"] = old["page_table"]
-    built = Built(mode, page, backend, p, [], steps)
+    built = Built(mode, page, backend, p, [], steps, shape)
     for inner in steps:
         table = getattr(inner, TABLE[mode])["page_table"]
         guarded = g.guarded(tuple(table.shape), fill=SENTINEL, dtype=table.dtype)
         getattr(inner, TABLE[mode])["page_table"] = guarded
         built.tables.append(guarded)
-    spec = g.draft_input() if mode == "draft" else None
+    spec = {"draft": g.draft_input(), "extend": g.Fields(num_tokens_per_req=D)}.get(mode)
     for bs in CAPTURED:
         if mode == "verify":
             backend.init_forward_metadata_out_graph(g.capture_fields("TARGET_VERIFY", bs, D), in_capture=True)
+        elif mode == "extend":
+            backend.init_forward_metadata_out_graph(
+                g.capture_fields("DRAFT_EXTEND_V2", bs, D, spec), in_capture=True
+            )
         else:
             backend.init_forward_metadata_out_graph(
-                g.capture_fields("DECODE", bs, TOPK, spec), in_capture=True
+                g.capture_fields("DECODE", bs, topk, spec), in_capture=True
             )
     built.spec = spec
     return built
@@ -142,6 +179,7 @@ def replay(built: Built, seq_lens: list, cpu_mirror: bool = True) -> Replay:
     for table in built.tables:
         table._base.fill_(SENTINEL)
     bs = len(seq_lens)
+    topk, n, D = built.shape.topk, built.shape.steps, built.shape.D
     if built.mode == "verify":
         # A verify's spec_info as the replay reads it at topk > 1: positions, and the tree mask of
         # D * (seq_len + D) cells a request (0.5.14 :2348-2375).
@@ -150,15 +188,21 @@ def replay(built: Built, seq_lens: list, cpu_mirror: bool = True) -> Replay:
             custom_mask=torch.ones(sum(s * D + D * D for s in seq_lens), dtype=torch.bool),
         )
         batch = g.replay_view("TARGET_VERIFY", seq_lens, D, spec)
+    elif built.mode == "extend":
+        # The draft extend after a verify at seq_len s: D tokens a request, the forward's seq_lens
+        # s + D on device and host (0.5.14 base_spec_worker.py:147-150).
+        spec = g.Fields(num_tokens_per_req=D, extend_seq_lens_cpu=[D] * bs)
+        batch = g.draft_replay_batch([s + D for s in seq_lens], spec)
+        batch.forward_mode = g._mode("DRAFT_EXTEND_V2")
     else:
         batch = g.draft_replay_batch(seq_lens, built.spec)
-        batch.out_cache_loc = torch.arange(bs * TOPK * STEPS, dtype=torch.int64) + 5000
+        batch.out_cache_loc = torch.arange(bs * topk * n, dtype=torch.int64) + 5000
     if not cpu_mirror:
         batch.seq_lens_cpu = None
     out = Replay()
     try:
         built.backend.init_forward_metadata_out_graph(batch)
-    except (AssertionError, RuntimeError) as exc:
+    except (AssertionError, RuntimeError, IndexError) as exc:
         out.error = str(exc).splitlines()[0]
         return out
     r2t = built.pool.req_to_token

@@ -83,16 +83,19 @@ def triton_fixed(class_name: str):
     return o.plugin_form(TRITON, Bug.TRITON_KV_INDICES, class_name)
 
 
-def triton_step(pool, D: int, skip_prefill: bool, kv_indptr=None, fixed: bool = False):
+def triton_step(
+    pool, D: int, skip_prefill: bool, kv_indptr=None, fixed: bool = False, topk: int = 1, steps=None
+):
     """TritonAttnBackend as ``__init__`` leaves it for a small MHA model, no sliding window, EAGLE
     topk 1 (0.5.14 triton_backend.py:97-281; 0.5.17 / 0.5.23 add page_size, the
-    kv_index_translator, is_draft_runner, _verify_mask and the DCP fields: 0.5.23 :150-420)."""
+    kv_index_translator, is_draft_runner, _verify_mask and the DCP fields: 0.5.23 :150-420);
+    ``topk`` / ``steps`` (default D - 1) as sglang resolves them otherwise."""
     cls = triton_fixed("TritonAttnBackend") if fixed else TRITON.TritonAttnBackend
     b = cls.__new__(cls)
     b.skip_prefill, b.sliding_window_size, b.use_sliding_window_kv_pool = skip_prefill, None, False
     b.req_to_token_pool, b.req_to_token, b.token_to_kv_pool = pool, pool.req_to_token, None
     b.token_to_kv_pool_allocator = None
-    b.num_draft_tokens, b.speculative_num_steps, b.topk = D, D - 1, 1
+    b.num_draft_tokens, b.speculative_num_steps, b.topk = D, steps or D - 1, topk
     b.use_mla, b.num_head, b.num_kv_head, b.v_head_dim, b.swa_v_head_dim = False, 1, 1, 8, None
     b.max_context_len, b.device, b.device_core_count = C, torch.device("cpu"), 0
     b.static_kv_splits, b.enable_deterministic, b.split_tile_size, b.max_kv_splits = True, False, None, 2
@@ -130,7 +133,15 @@ def mask_buffer(b):
     return b._verify_mask.buffer if b._verify_mask is not None else b.cuda_graph_custom_mask
 
 
-def run_triton(mode: str, D: int, seq_lens: list, row_wide: bool = False, fixed: bool = False) -> dict:
+def run_triton(
+    mode: str,
+    D: int,
+    seq_lens: list,
+    row_wide: bool = False,
+    fixed: bool = False,
+    own_mask: bool = False,
+    pool=None,
+) -> dict:
     """The target's TritonAttnBackend: its own init_cuda_graph_state(max_bs, max_bs * D) (the
     verify runner's sizes: decode_cuda_graph_runner.py:233-263, num_tokens_per_bs = D), flat
     kv_indices [max_bs * D * C] (0.5.14 :826-835, 0.5.17 :1003-1010, 0.5.23 :1226-1233); a
@@ -138,8 +149,12 @@ def run_triton(mode: str, D: int, seq_lens: list, row_wide: bool = False, fixed:
     buffer, as the spec-v2 worker hands it to the tree builder (0.5.14 eagle_worker_v2.py:
     519-555, ``get_verify_buffers_to_fill_after_draft``; 0.5.23 eagle_worker_common.py:408-415).
     ``row_wide``: init_cuda_graph_state's sizes from req_to_token's row instead of C (kv_indices
-    ``max_num_tokens * req_to_token.shape[1]``, the mask likewise); ``fixed``: the plugin's form."""
-    pool = o.pool_for(C, D, 1)
+    ``max_num_tokens * req_to_token.shape[1]``, the mask likewise); ``fixed``: the plugin's form.
+    ``own_mask``: the verify input carries its own mask, D * (s + D) cells a request (NGRAM's,
+    0.5.14 ngram_worker.py:301-320), which the replay copies into the backend's buffer
+    (``custom_mask[: n] = spec_info.custom_mask``, 0.5.14 triton_backend.py:430-435, 0.5.23
+    :634-638); the copy's error, if any, is ``error``. ``pool``: default ``o.pool_for(C, D, 1)``."""
+    pool = o.pool_for(C, D, 1) if pool is None else pool
     b = triton_step(pool, D, skip_prefill=False, fixed=fixed)
     tokens = D if mode == "TARGET_VERIFY" else 1
     n = MAX_BS * D
@@ -153,9 +168,15 @@ def run_triton(mode: str, D: int, seq_lens: list, row_wide: bool = False, fixed:
             spec.custom_mask = mask_buffer(b)
         o.capture(b, mode, MAX_BS, tokens, spec)
         buf._base.fill_(SENTINEL)
-        o.replay(b, mode, seq_lens, tokens, spec)
+        if own_mask:
+            spec.custom_mask = torch.ones(D * sum(s + D for s in seq_lens), dtype=torch.bool)
+        try:
+            o.replay(b, mode, seq_lens, tokens, spec)
+        except RuntimeError as exc:
+            return dict(error=str(exc).splitlines()[0], mask_cells=int(mask_buffer(b).numel()))
     used = int(b.kv_indptr[MAX_BS])
     out = dict(
+        error="",
         entries=int(buf.numel()),
         kv_used=used,
         kv_right=bool(torch.equal(buf[:used], own_slots(pool, seq_lens))) if used <= buf.numel() else False,
@@ -168,15 +189,16 @@ def run_triton(mode: str, D: int, seq_lens: list, row_wide: bool = False, fixed:
     return out
 
 
-def triton_draft(pool, D: int, fixed: bool = False):
+def triton_draft(pool, D: int, fixed: bool = False, topk: int = 1, steps=None):
     """TritonMultiStepDraftBackend (0.5.14 triton_backend.py:1416-1458, 0.5.23 :2504-2568):
-    num_steps = D - 1 (EAGLE topk 1), one step backend (skip_prefill) per step but the last,
-    each over its row of the shared kv_indptr."""
+    num_steps = D - 1 (EAGLE topk 1; else ``steps``), one step backend (skip_prefill) per step
+    but the last, each over its row of the shared kv_indptr (max_bs * topk + 1 wide, :1432)."""
     cls = triton_fixed("TritonMultiStepDraftBackend") if fixed else TRITON.TritonMultiStepDraftBackend
     m = cls.__new__(cls)
-    m.topk, m.speculative_num_steps = 1, D - 1
-    m.kv_indptr = torch.zeros(D - 1, MAX_BS + 1, dtype=torch.int32)
-    m.attn_backends = [triton_step(pool, D, True, m.kv_indptr[i], fixed) for i in range(D - 2)]
+    n = steps or D - 1
+    m.topk, m.speculative_num_steps = topk, n
+    m.kv_indptr = torch.zeros(n, MAX_BS * topk + 1, dtype=torch.int32)
+    m.attn_backends = [triton_step(pool, D, True, m.kv_indptr[i], fixed, topk, n) for i in range(n - 1)]
     m.max_context_len, m.num_head, m.device = C, 1, torch.device("cpu")
     m.req_to_token_pool, m.pool_len, m.page_size = pool, row_of(pool), 1
     m.draft_window_size, m.draft_sink_size = 0, 0  # 0.5.23 resolve_draft_decode_window: unset
@@ -204,41 +226,64 @@ def flashinfer_draft(pool, D: int):
     return m
 
 
-def draft_batch(seq_lens: list):
-    """The draft graph runner's batch at replay (g.draft_replay_batch), positions = seq_lens
-    (topk 1: 0.5.14 base_spec_worker.py:265)."""
+def draft_batch(seq_lens: list, topk: int = 1):
+    """The draft graph runner's batch at replay (g.draft_replay_batch), positions = seq_lens, one
+    per branch (0.5.14 base_spec_worker.py:265: ``seq_lens.repeat_interleave(topk)``)."""
     fb = g.draft_replay_batch(seq_lens, g.draft_input())
-    fb.positions = torch.tensor(seq_lens, dtype=torch.int64)
+    fb.positions = torch.tensor(seq_lens, dtype=torch.int64).repeat_interleave(topk)
     return fb
 
 
-def run_draft(backend: str, D: int, seq_lens: list, row_wide: bool = False, fixed: bool = False) -> dict:
+def draft_slots(pool, seq_lens: list, i: int, topk: int = 1, steps: int = 1) -> torch.Tensor:
+    """What step i's kv_indices hold where filled right: per request b and branch k, its s_b
+    prefix slots, then the i + 1 draft slots of branch k, row columns [s_b + k * steps, ...)
+    (0.5.14 speculative/triton_ops/cache_locs.py:131-164, page 1)."""
+    rows = pool.req_to_token
+    parts = []
+    for b, s in enumerate(seq_lens):
+        for k in range(topk):
+            parts += [rows[b + 1, :s], rows[b + 1, s + k * steps : s + k * steps + i + 1]]
+    return torch.cat(parts).to(torch.int64)
+
+
+def run_draft(
+    backend: str,
+    D: int,
+    seq_lens: list,
+    row_wide: bool = False,
+    fixed: bool = False,
+    topk: int = 1,
+    steps=None,
+    pool=None,
+) -> dict:
     """The multi-step draft backend at the draft runner's sizes: init_cuda_graph_state(max_bs,
     max_bs * topk) (eagle_draft_cuda_graph_runner.py:142-147), buffer [num_steps,
     max_bs * topk * C] (``draft_kv_indices_buffer_width``, spec_utils.py:107-119); a capture and
     one replay. Step i's backend reads entries [0, kv_indptr[i][bs]) from the start of row i
     (its spec_info.kv_indices, a slice of that row: triton_backend.py:1497-1503). ``row_wide``:
-    the row as ``max_bs * topk * req_to_token.shape[1]``."""
-    pool = o.pool_for(C, D, 1)
-    m = triton_draft(pool, D, fixed) if backend == "triton" else flashinfer_draft(pool, D)
+    the row as ``max_bs * topk * req_to_token.shape[1]``. ``topk`` / ``steps`` / ``pool``: as
+    ``triton_draft`` (triton only) and ``run_triton``."""
+    pool = o.pool_for(C, D, 1) if pool is None else pool
+    n = steps or D - 1
+    m = triton_draft(pool, D, fixed, topk, n) if backend == "triton" else flashinfer_draft(pool, D)
     if row_wide:
         m.max_context_len = row_of(pool)
     error = None
     module = TRITON if backend == "triton" else FLASHINFER
     stand_ins = contextlib.nullcontext() if backend == "triton" else fi_stand_ins()
     with o.parallel_defaults(), o.host_torch(module), stand_ins:
-        m.init_cuda_graph_state(MAX_BS, MAX_BS)
+        m.init_cuda_graph_state(MAX_BS, MAX_BS * topk)
         steps, width = m.cuda_graph_kv_indices.shape
         table = g.guarded((steps, width), SENTINEL, m.cuda_graph_kv_indices.dtype)
         m.cuda_graph_kv_indices = table
         for i, step in enumerate(m.attn_backends):
             step.cuda_graph_kv_indices = table[i] if backend == "triton" else [table[i]]
         m.init_forward_metadata_out_graph(
-            g.capture_fields("DECODE", MAX_BS, 1, g.draft_input()), in_capture=True
+            g.capture_fields("DECODE", MAX_BS, topk, g.draft_input()), in_capture=True
         )
         table._base.fill_(SENTINEL)
         try:
-            fb = draft_batch(seq_lens)
+            fb = draft_batch(seq_lens, topk)
             m.init_forward_metadata_out_graph(fb)
             m.init_forward_metadata_in_graph(fb)
         except AssertionError as exc:  # flashinfer's assert_buffer_fits
@@ -247,9 +292,9 @@ def run_draft(backend: str, D: int, seq_lens: list, row_wide: bool = False, fixe
     total = steps * width
     per_step = []
     for i in range(steps - 1):  # the backends' steps; the fill kernel also writes row steps - 1
-        used = int(m.kv_indptr[i, MAX_BS])
+        used = int(m.kv_indptr[i, MAX_BS * topk])
         reads = range(i * width, i * width + used)
-        expected = own_slots(pool, seq_lens, i + 1)
+        expected = draft_slots(pool, seq_lens, i, topk, n)
         got = flat[i * width : i * width + used]
         per_step.append(
             dict(
@@ -263,7 +308,7 @@ def run_draft(backend: str, D: int, seq_lens: list, row_wide: bool = False, fixe
         width=int(width),
         steps=int(steps),
         per_step=per_step,
-        last_row_used=int(sum(seq_lens) + MAX_BS * steps),  # row steps - 1 (step index steps)
+        last_row_used=int(topk * (sum(seq_lens) + MAX_BS * steps)),  # row steps - 1 (step index steps)
         written_past=int((flat[total:] != SENTINEL).sum()),
         error=error,
         table=table,
