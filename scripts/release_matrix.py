@@ -15,6 +15,7 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
   suite): the real FlashAttentionBackend's graph tables, pristine and fixed; and the other
   backends' graph tables the watch flags (test/srt/test_graph_tables_other_backends.py,
   test_graph_tables_flat_buffers.py); FA3's topk > 1 tables (test/srt/test_fa3_topk_cuda_graph.py)
+  and the topk > 1 rules of FA3 and Triton against the real backends (test/srt/test_topk_reach.py)
   on 0.5.13, 0.5.15, 0.5.16, 0.5.17, 0.5.23;
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
   and what ``plugin.decide()`` says on the others; the family watch's DSA / NSA replay check and
@@ -58,7 +59,7 @@ MLA_MASK_RUN = ("0.5.13", "0.5.16", "0.5.17", "0.5.23")  # each form of the mask
 MLA_MASK_NOT_RUN = "the MLA verify mask tier runs on 0.5.13, 0.5.14 (the base), 0.5.16, 0.5.17, 0.5.23"
 # FA3's topk > 1 tables: each form of their replay (host bound <= 0.5.15, CPU mirror 0.5.16+).
 FA3_TOPK_RUN = ("0.5.13", "0.5.15", "0.5.16", "0.5.17", "0.5.23")
-FA3_TOPK_NOT_RUN = "FA3's topk > 1 tier runs on 0.5.13, 0.5.14 (the base), 0.5.15, 0.5.16, 0.5.17, 0.5.23"
+FA3_TOPK_NOT_RUN = "FA3's topk > 1 tiers run on 0.5.13, 0.5.14 (the base), 0.5.15, 0.5.16, 0.5.17, 0.5.23"
 WATCH_TESTS = "test/test_watch.py::TestDsaReplay test/test_watch.py::TestSwitchAndSites"
 UPSTREAM = REPO / "upstream" / "test" / "registered" / "unit"
 # Each upstream-form test and the releases whose module layout it is written for: bugs #1 / #2 in
@@ -646,6 +647,12 @@ def main(argv=None) -> int:
                 "FA3 topk > 1 tables",
                 None if case.version in FA3_TOPK_RUN else FA3_TOPK_NOT_RUN,
                 "test/srt/test_fa3_topk_cuda_graph.py",
+            ),
+            # topk > 1 judged: FA3's and Triton's rules against the real backends (EAGLE 4 / 3 / 8, NGRAM).
+            (
+                "topk > 1 reach (FA3, Triton)",
+                None if case.version in FA3_TOPK_RUN else FA3_TOPK_NOT_RUN,
+                "test/srt/test_topk_reach.py",
             ),
             # TRT-LLM MLA / FlashMLA's verify tree mask: 0.5.13 - 0.5.16 sized from C, QLEN_ONLY after.
             (

@@ -9,11 +9,6 @@ from sglang_dsa_fix import fa3_sites, fa3_width, release, width
 from sglang_dsa_fix.members import ALREADY_WIDE, HookPlan, Member
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
-TOPK_CANNOT_TELL = (
-    "topk > 1: FA3 verifies through its token-wide topk > 1 tables, which this tool's rule (topk 1) "
-    "does not judge"
-)
-
 
 def why_not(inputs: dict) -> str:
     if not inputs["resolved"]:
@@ -32,33 +27,95 @@ def why_not(inputs: dict) -> str:
 
 
 def rule(verdict, found: str, form, inputs: dict, resolved: dict) -> dict:
-    """The pages of the longest verify's read (topk 1) against the FA3 graph tables' pages,
+    """The pages of the longest verify's read (topk 1; topk > 1: ``topk_rule``) against the FA3 graph tables' pages,
     sglang's (ceil(context_len / page), every release 0.5.4 - 0.5.23) or the rule's
     (req_to_token's row, ``fa3_width``), now and with the fix."""
     if why_not(inputs):
         return {"reachable": False, "why_not": why_not(inputs)}
     if inputs["topk"] > 1:
-        return {"reachable": None, "cannot_tell": TOPK_CANNOT_TELL}
-    C, D, page = inputs["context_len"], inputs["num_draft_tokens"], inputs["page_size"]
-    pool = C + inputs["row_extra"]
-    pool_with_fix = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
-    fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
-    table = width.graph_table_pages(pool if fixed else C, page)
-    read = width.longest_verify_pages(C, D, page, inputs["overlap"])
-    with_fix = width.graph_table_pages(pool_with_fix, page)
-    return {
-        "graph_page_table_pages": table,
-        "graph_page_table_from": (
+        return topk_rule(verdict, inputs)
+    read = width.longest_verify_pages(
+        inputs["context_len"], inputs["num_draft_tokens"], inputs["page_size"], inputs["overlap"]
+    )
+    return pages_answer(
+        verdict,
+        inputs,
+        read,
+        lambda fixed: (
             "static rule: "
             + ("req_to_token's width in pages" if fixed else "ceil(context_len / page_size)")
             + " (FlashAttentionBackend.init_cuda_graph_state)"
         ),
+    )
+
+
+def pages_answer(verdict, inputs: dict, read: int, source) -> dict:
+    """``read`` pages against the FA3 graph tables' pages, sglang's (ceil(context_len / page)) or
+    the rule's (req_to_token's row, ``fa3_width``), now and with the fix; ``source(fixed)`` says
+    where the tables' width comes from."""
+    C, page = inputs["context_len"], inputs["page_size"]
+    fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
+    table = width.graph_table_pages(C + inputs["row_extra"] if fixed else C, page)
+    with_fix = width.graph_table_pages(C + (inputs["row_extra_with_plugin"] or inputs["row_extra"]), page)
+    return {
+        "graph_page_table_pages": table,
+        "graph_page_table_from": source(fixed),
         "longest_verify_pages_read": read,
         "pages_past_table": max(0, read - table),
         "graph_page_table_pages_with_fix": with_fix,
         "pages_past_table_with_fix": max(0, read - with_fix),
         "reachable": read > table,
     }
+
+
+def topk_reads(inputs: dict) -> dict:
+    """Pages each FA3 graph table is read for at topk > 1, at the longest seq_len s
+    (``width.longest_seq_len``: a verify appends at most steps + 1 tokens, NGRAM's D): the prefix
+    halves of the verify and of the draft decode read s keys through the topk > 1 tables (0.5.14
+    flashattention_backend.py:2327-2345, :2187-2212); the draft extend after a verify reads s + D
+    through its topk-1 table (base_spec_worker.py:149-151, flashattention_backend.py:2414-2467).
+    NGRAM runs no draft model: its verify only."""
+    s, D, page = width.longest_seq_len(inputs), inputs["num_draft_tokens"], inputs["page_size"]
+    reads = {"verify prefix": width.pages_read(s, page)}
+    if (inputs["algorithm"] or "").upper() not in width.DRAFTLESS:
+        reads["draft decode prefix"] = width.pages_read(s, page)
+        reads["draft extend"] = width.pages_read(s + D, page)
+    return reads
+
+
+def topk_rule(verdict, inputs: dict) -> dict:
+    """topk > 1: the longest read of ``topk_reads`` against the pages the tables hold filled:
+    ``ceil(context_len / page)`` as sglang ships them (the topk > 1 tables are context_len tokens
+    wide, filled through the page-start gather of ceil(context_len / page) entries, or 0.5.16+'s
+    device builder, which writes past them at page 1; the draft extend's table is that wide), the
+    rule's req_to_token row with the fix (``fa3_width.TOPK_TABLES``). And the verify's expand half,
+    which gathers req_to_token[row, s : s + D] (0.5.14 :2391-2395): past the row, torch's gather
+    raises. Measured on the real backend (test/srt/test_topk_reach.py)."""
+    C, D = inputs["context_len"], inputs["num_draft_tokens"]
+    row = C + inputs["row_extra"]
+    row_with_fix = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
+    reads = topk_reads(inputs)
+    longest = max(reads, key=reads.get)
+    out = pages_answer(
+        verdict,
+        inputs,
+        reads[longest],
+        lambda fixed: (
+            "static rule, topk > 1: "
+            + ("req_to_token's width in pages" if fixed else "ceil(context_len / page_size) pages filled")
+            + f" (FlashAttentionBackend's topk > 1 and draft-extend tables); the longest read is the {longest}'s"
+        ),
+    )
+    expand = width.longest_seq_len(inputs) + D
+    out.update(
+        pages_read=reads,
+        verify_expand_columns_read=expand,
+        req_to_token_width=row,
+        req_to_token_width_with_fix=row_with_fix,
+        reachable=out["reachable"] or expand > row,
+        reachable_with_fix=out["pages_past_table_with_fix"] > 0 or expand > row_with_fix,
+    )
+    return out
 
 
 def run_enforce(info: dict, result, backend, *args, **kwargs):

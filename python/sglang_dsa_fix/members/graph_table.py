@@ -49,6 +49,21 @@ def why_not(layout, inputs: dict) -> str:
     return ""
 
 
+# At topk > 1 the draft decode's kv_indices hold s + steps a branch: unknown steps, no bound.
+TOPK_STEPS_UNKNOWN = (
+    "topk > 1 with speculative_num_steps not resolved: the draft decode's reach is not bounded"
+)
+
+
+def topk_cannot_tell(layout) -> str:
+    """Why a table backend is not judged at topk > 1 (only FA3's and Triton's topk > 1 paths are
+    driven: test/srt/test_topk_reach.py)."""
+    return (
+        f"topk > 1: {layout.name}'s verify and draft decode at topk > 1 are not driven by this tool "
+        "(its rule is measured at topk 1)"
+    )
+
+
 def table_pages(layout, tokens: int, page: int) -> int:
     """Pages of the layout's graph table when its width expression reads ``tokens`` (sglang's
     own arithmetic, as the static rule: 0.5.23 trtllm_mha_backend.py:351-353,
@@ -64,22 +79,30 @@ def table_pages(layout, tokens: int, page: int) -> int:
 
 
 def flat_buffers_rule(verdict, found: str, inputs: dict) -> dict:
-    """Triton's flat buffers (reach "batch") at a configuration, per request of a batch whose
-    every request is at the longest verify's seq_len s: the draft decode's last step writes
-    s + D - 1 kv_indices into a row of C per request; the verify mask needs D * (s + D) cells of
-    D * C per request (D * (C + D) where the file sizes it through ``max_context_len=``,
-    0.5.17+). With the fix, req_to_token's row instead of C."""
+    """Triton's flat buffers (reach "batch") at a configuration, per request (and draft branch)
+    of a batch whose every request is at the longest seq_len s (``width.longest_seq_len``): the
+    draft decode's last step writes s + steps kv_indices per branch into a row of C per branch
+    (0.5.14 speculative/triton_ops/cache_locs.py:131-164; ``draft_kv_indices_buffer_width``
+    counts topk, spec_utils.py:107-118); the verify mask needs D * (s + D) cells of D * C per
+    request (D * (C + D) where the file sizes it through ``max_context_len=``, 0.5.17+), written
+    past by EAGLE's tree builder, and NGRAM's own mask copied in by the replay (raises past it,
+    0.5.14 triton_backend.py:430-435). NGRAM has no draft decode. With the fix, req_to_token's
+    row instead of C. Driven at topk 1, and at topk 4 / steps 3 / D 8 and NGRAM's defaults
+    (test/srt/test_graph_tables_flat_buffers.py, test/srt/test_topk_reach.py)."""
     C, D = inputs["context_len"], inputs["num_draft_tokens"]
-    s = width.verify_seq_len_bound(C, D, inputs["overlap"])
+    s = width.longest_seq_len(inputs)
     fixed = verdict in (Verdict.FIXED_UPSTREAM, Verdict.FIXED_IN_TREE)
     row = C + (inputs["row_extra_with_plugin"] or inputs["row_extra"])
     per_token = (lambda w: w + D) if "max_context_len=" in found else (lambda w: w)
     now = C + inputs["row_extra"] if fixed else C  # the tree's own row, as the FA3 rule reads it
-    draft, mask = s + D - 1, D * (s + D)
+    steps = inputs["num_steps"] if inputs["topk"] > 1 else D - 1  # topk 1: sglang sets D = steps + 1
+    drafts = (inputs["algorithm"] or "").upper() not in width.DRAFTLESS
+    draft, mask = (s + steps if drafts else 0), D * (s + D)  # no draft decode: nothing written
+    who = "" if drafts else f" ({inputs['algorithm']}: no draft decode)"
     if inputs["cuda_graphs_disabled"]:
         # Eager: the draft decode sizes its kv_indices per batch from C (0.5.14
         # triton_backend.py:1507, 0.5.23 :2718), a lone request's row of C entries, so one
-        # request at s writes s + D - 1 (test_graph_tables_flat_buffers.py drives it); the
+        # request at s writes s + steps (test_graph_tables_flat_buffers.py drives it); the
         # verify's mask is built per batch, not from C.
         return {
             "draft_kv_indices_per_request": now,
@@ -89,7 +112,7 @@ def flat_buffers_rule(verdict, found: str, inputs: dict) -> dict:
             "reachable_with_fix": draft > row,
             "reachable": draft > now,
             "when": f"a request at seq_len {s} (CUDA graphs disabled: the eager draft decode's buffer is "
-            "sized per batch, so a lone request reaches it)",
+            f"sized per batch, so a lone request reaches it){who}",
         }
     return {
         "draft_kv_indices_per_request": now,
@@ -100,7 +123,7 @@ def flat_buffers_rule(verdict, found: str, inputs: dict) -> dict:
         + ("req_to_token's width" if fixed else "context_len"),
         "reachable_with_fix": draft > row or mask > D * per_token(row),
         "reachable": draft > now or mask > D * per_token(now),
-        "when": f"every request of the largest captured batch at seq_len {s} (the longest verify's)",
+        "when": f"every request of the largest captured batch at seq_len {s} (the longest verify's){who}",
     }
 
 
@@ -111,13 +134,12 @@ def rule_for(layout):
         why = why_not(layout, inputs)
         if why:
             return {"reachable": False, "why_not": why}
-        if inputs["topk"] > 1:
-            return {
-                "reachable": None,
-                "cannot_tell": f"topk > 1: this tool's rule for {layout.name} is topk 1's",
-            }
         if layout.reach == "batch":
+            if inputs["topk"] > 1 and not inputs["num_steps"]:
+                return {"reachable": None, "cannot_tell": TOPK_STEPS_UNKNOWN}
             return flat_buffers_rule(verdict, found, inputs)
+        if inputs["topk"] > 1:
+            return {"reachable": None, "cannot_tell": topk_cannot_tell(layout)}
         C, D = inputs["context_len"], inputs["num_draft_tokens"]
         page = layout.page_size or inputs["page_size"]
         pool = C + inputs["row_extra"]
