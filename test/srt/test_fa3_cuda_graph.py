@@ -17,7 +17,7 @@ past the buffer's end for the last row at the largest captured batch.
 
 The one instrument: right after ``init_cuda_graph_state`` (and the runtime fix) each graph table
 the replay fills is swapped for a same-shape, same-stride view of a larger allocation filled
-with a sentinel (``graph_backends.guarded``), so what a builder writes past the end lands in owned
+with a sentinel (``proof.fa3_replay.guarded``), so what a builder writes past the end lands in owned
 memory where it is counted (0.5.17's verify builder does write there), not in the heap.
 
 Cases: C 256, EAGLE topk 1, D 4 (D 8 too with SGLANG_DSA_FIX_FULL=1), page 1 and 16, max_bs 4
@@ -47,13 +47,15 @@ import json
 import os
 import textwrap
 import unittest
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import graph_backends as g
 import torch
 
 from sglang_dsa_fix import fa3_sites, fa3_width, width
+from sglang_dsa_fix.proof import fa3_replay
+from sglang_dsa_fix.proof.fa3_replay import Built, cache_seqlen, replay
+from sglang_dsa_fix.proof.fa3_replay import table_bytes as _table_bytes
 from sglang_dsa_fix.proof.replay import installed_form
 
 C = 256
@@ -62,7 +64,6 @@ CAPTURED = (1, 2, MAX_BS)
 SHORT = 100  # seq_len of the other requests
 PAGES = (1, 16)
 DRAFTS = (4, 8) if os.environ.get("SGLANG_DSA_FIX_FULL") else (4,)
-SENTINEL = -7  # no page id is negative
 MODES = ("verify", "draft")
 REPORT: dict = {}
 FORM = installed_form()  # the release's form, as its files show it
@@ -114,149 +115,11 @@ def draft_decode_asserts(cls) -> bool:
 
 
 # ------------------------------------------------------------------------------ driving
-
-
-@dataclass
-class Built:
-    mode: str
-    page: int
-    D: int
-    backend: object  # FlashAttentionBackend (verify) or FlashAttentionMultiStepBackend (draft)
-    pool: object
-    tables: list  # per step backend: the guarded graph table its replay fills
-    bytes_before: int = 0
-    bytes_after: int = 0
-    spec: object = None
-
-    @property
-    def steps(self):
-        return fa3_width.step_backends(self.backend)
-
-
-def _table_key(mode):
-    return (
-        ("target_verify_metadata", "page_table")
-        if mode == "verify"
-        else (
-            "decode_cuda_graph_metadata",
-            "page_table_draft_decode",
-        )
-    )
-
-
-def _table_bytes(backend) -> int:
-    total = 0
-    for inner in fa3_width.step_backends(backend):
-        for attribute, key in fa3_width.GRAPH_TABLES:
-            table = (getattr(inner, attribute, None) or {}).get(key)
-            if table is not None:
-                total += table.numel() * table.element_size()
-    return total
+# The driving and the counting are the demo's too: proof.fa3_replay.
 
 
 def build(mode: str, page: int, D: int, module=None, runtime_fix=False) -> Built:
-    pool = g.req_to_token_pool(C, row_extra(page, D), page, MAX_BS)
-    if mode == "verify":
-        backend = g.fa3_release_backend(pool, C, D, page, module=module)
-        backend.init_cuda_graph_state(MAX_BS, MAX_BS * D)
-    else:  # the draft runner: max_num_tokens = max_bs * topk
-        backend = g.fa3_draft_backend(pool, C, D, page, module=module)
-        backend.init_cuda_graph_state(MAX_BS, MAX_BS)
-    before = _table_bytes(backend)
-    if runtime_fix:
-        fa3_width.enforce(backend)
-    built = Built(mode, page, D, backend, pool, [], before, _table_bytes(backend))
-    attribute, key = _table_key(mode)
-    for inner in built.steps:
-        table = getattr(inner, attribute)[key]
-        guarded = g.guarded(tuple(table.shape), fill=SENTINEL, dtype=table.dtype)
-        getattr(inner, attribute)[key] = guarded
-        built.tables.append(guarded)
-    if mode == "verify":
-        for bs in CAPTURED:
-            backend.init_forward_metadata_out_graph(g.capture_fields("TARGET_VERIFY", bs, D), in_capture=True)
-    else:
-        built.spec = g.draft_input()
-        for bs in CAPTURED:
-            backend.init_forward_metadata_out_graph(
-                g.capture_fields("DECODE", bs, 1, built.spec), in_capture=True
-            )
-    return built
-
-
-@dataclass
-class Row:
-    pages: int  # entries the kernel reads: ceil(cache_seqlens / page)
-    own: int = 0  # inside its own buffer row
-    right: int = 0  # inside its own row and the request's own page id
-    neighbour: int = 0  # another buffer row (the next request's pages, or a stale row)
-    past: int = 0  # past the buffer's end
-
-
-@dataclass
-class Replay:
-    error: str = ""
-    rows: list = field(default_factory=list)  # per step backend: [Row per batch row]
-    neighbour_writes: list = field(default_factory=list)  # per step: cells written in rows >= bs
-    past_writes: list = field(default_factory=list)  # per step: cells written past the end
-    width: int = 0
-
-
-def replay(built: Built, seq_lens: list) -> Replay:
-    for table in built.tables:
-        table._base.fill_(SENTINEL)
-    out = Replay(width=int(built.tables[0].shape[1]))
-    try:
-        if built.mode == "verify":
-            built.backend.init_forward_metadata_out_graph(g.replay_view("TARGET_VERIFY", seq_lens, built.D))
-        else:
-            built.backend.init_forward_metadata_out_graph(g.draft_replay_batch(seq_lens, built.spec))
-    except AssertionError as exc:  # the release's own assert_buffer_fits
-        out.error = str(exc).splitlines()[0]
-        return out
-    bs = len(seq_lens)
-    for inner, table in zip(built.steps, built.tables):
-        metadata = (
-            inner.target_verify_metadata if built.mode == "verify" else inner.decode_cuda_graph_metadata
-        )[bs]
-        out.rows.append(kernel_reads(built, metadata, table, bs))
-        rows, cols = table.shape
-        changed = table._base.reshape(-1) != SENTINEL
-        out.neighbour_writes.append(int(changed[bs * cols : rows * cols].sum()))
-        out.past_writes.append(int(changed[rows * cols :].sum()))
-    return out
-
-
-def kernel_reads(built: Built, metadata, table, bs: int) -> list:
-    """What FA3 reads for each batch row, from the metadata it is handed: entries j <
-    ceil(cache_seqlens[b] / page) at flat b * stride(0) + j of the buffer, unchecked."""
-    page = built.page
-    view = metadata.page_table
-    assert view.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
-    offset = view.storage_offset() - table.storage_offset()
-    stride, cols, numel = view.stride(0), table.shape[1], table.numel()
-    flat = table._base.reshape(-1)
-    r2t = built.pool.req_to_token
-    rows = []
-    for b in range(bs):
-        need = fa3_width.pages_read(int(metadata.cache_seqlens_int32[b]), page)
-        pool_row = b + 1  # replay row b is pool row b + 1 (graph_backends.replay_view)
-        row = Row(need)
-        for j in range(need):
-            k = offset + b * stride + j
-            if k >= numel:
-                row.past += 1
-            elif k >= offset + b * stride + cols:
-                row.neighbour += 1
-            else:
-                row.own += 1
-                row.right += int(flat[k]) == int(r2t[pool_row, j * page]) // page
-        rows.append(row)
-    return rows
-
-
-def cache_seqlen(mode: str, D: int, seq_len: int, step: int) -> int:
-    return seq_len + D if mode == "verify" else seq_len + step + 1
+    return fa3_replay.build(mode, page, D, C, MAX_BS, CAPTURED, row_extra(page, D), module, runtime_fix)
 
 
 def batches(D: int) -> dict:

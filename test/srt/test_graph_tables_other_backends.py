@@ -292,7 +292,7 @@ def trtllm_mha_step(pool, C: int, D: int, page: int, step: int = 0, row_wide: bo
     b.decode_cuda_graph_metadata, b.target_verify_metadata, b.forward_metadata = {}, {}, None
     b.topk, b.speculative_step_id, b.speculative_num_draft_tokens = 1, step, D
     b.expand_encoder_only_verify = False  # 0.5.17+
-    b.kv_index_translator = g._PlainTranslator()  # 0.5.23
+    b.kv_index_translator = g.PlainTranslator()  # 0.5.23
     b.max_num_pages = g.init_assignment(cls, "max_num_pages", b)
     if row_wide:
         b.max_num_pages = pages(int(pool.req_to_token.shape[1]), page)
@@ -449,7 +449,7 @@ def mla_fields(b, pool, C: int, D: int, page: int, max_bs: int = MAX_BS):
     b.data_type = b.q_data_type = torch.bfloat16
     b.num_draft_tokens, b.cuda_graph_custom_mask = D, None
     b.is_draft_runner, b.is_fp8_kvcache = False, False
-    b.kv_index_translator = g._PlainTranslator()  # 0.5.23
+    b.kv_index_translator = g.PlainTranslator()  # 0.5.23
     b._unified_mla, b._v2p_page_table, b._kernel_page_multiplier = False, None, 1  # 0.5.17
     b._translate_kv_loc_dense = None  # 0.5.17
     b._verify_mask = None
@@ -576,7 +576,7 @@ def import_flashmla():
     why = ""
     for stand_ins in _FLASHMLA_STAND_INS:
         try:
-            undo = g._import_over_stand_in(FLASHMLA_NAME, stand_ins)
+            undo = g.import_over_stand_in(FLASHMLA_NAME, stand_ins)
             return sys.modules[FLASHMLA_NAME], undo, ""
         except ImportError as exc:
             why = f"{type(exc).__name__}: {exc}"
@@ -695,7 +695,7 @@ def _translator(pool):
     try:
         from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
     except ImportError:
-        return g._PlainTranslator()
+        return g.PlainTranslator()
     return KVIndexTranslator(
         req_to_token=pool.req_to_token,
         token_to_kv_pool_allocator=None,
