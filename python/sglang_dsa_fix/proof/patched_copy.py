@@ -23,8 +23,8 @@ from sglang_dsa_fix import tree as trees
 from sglang_dsa_fix.verdicts import Bug
 
 # The bugs whose patched module is loaded here. Bug #3's flashattention_backend imports
-# sgl_kernel at module import: its tier loads the patched file over a stand-in itself
-# (test/graph_backends.import_fa3_file).
+# sgl_kernel at module import: loaded over the stand-in where it is absent
+# (``fa3_backend.import_fa3_file``), and only when asked (``patched_copy(fa3=True)``).
 LOADED = (Bug.PAGE_TABLE, Bug.ROW_OVERFLOW)
 
 
@@ -34,10 +34,15 @@ class PatchedCopy:
     modules: dict  # Bug -> the patched module (only the bugs apply changed)
     backend_class: object = None  # bug #1: the patched backend class
     sizing_function: object = None  # bug #2: the patched get_req_to_token_extra_context_len
+    fa3_module: object = None  # bug #3: the patched flashattention_backend (patched_copy(fa3=True))
 
 
-def _load(path: Path, installed_name: str):
+def _load(path: Path, installed_name: str, bug: Bug):
     name = f"{installed_name}__sglang_dsa_fix_patched"
+    if bug is Bug.FA3_PAGE_TABLE:
+        from sglang_dsa_fix.proof.fa3_backend import import_fa3_file
+
+        return import_fa3_file(path, name)[0]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -63,8 +68,9 @@ def _inline_sizing(site: sites.Site):
 
 
 @contextlib.contextmanager
-def patched_copy():
-    """Yield a PatchedCopy of the installed sglang; the copy is deleted after."""
+def patched_copy(fa3: bool = False):
+    """Yield a PatchedCopy of the installed sglang; the copy is deleted after. ``fa3``: load bug
+    #3's patched module too (``PatchedCopy.fa3_module``)."""
     installed = trees.find_tree(None)
     with tempfile.TemporaryDirectory(prefix="sglang-dsa-fix-") as tmp:
         for relative in release.FILES_READ:
@@ -78,19 +84,21 @@ def patched_copy():
         names = []
         try:
             modules = {}
+            loaded = (*LOADED, Bug.FA3_PAGE_TABLE) if fa3 else LOADED
             for state in outcome.states:
-                if state.bug not in LOADED or (state.site is not None and not state.site.hookable):
+                if state.bug not in loaded or (state.site is not None and not state.site.hookable):
                     continue  # (the row sized inline: below)
                 if state.site is not None and state.site.path in outcome.changed:
                     relative = state.site.path.relative_to(copy.package_parent).with_suffix("")
                     installed_name = ".".join(relative.parts)
-                    modules[state.bug] = _load(state.site.path, installed_name)
+                    modules[state.bug] = _load(state.site.path, installed_name, state.bug)
                     names.append(modules[state.bug].__name__)
             patched = PatchedCopy(outcome, modules)
             files = snapshot.read(copy)  # as patched
             if Bug.PAGE_TABLE in modules:
                 layout, _ = sites.backend_file(files)
                 patched.backend_class = getattr(modules[Bug.PAGE_TABLE], layout.class_name)
+            patched.fa3_module = modules.get(Bug.FA3_PAGE_TABLE)
             if Bug.ROW_OVERFLOW in modules:
                 patched.sizing_function = modules[Bug.ROW_OVERFLOW].get_req_to_token_extra_context_len
             row = sites.row_site(files)
