@@ -1,11 +1,15 @@
-"""``sglang-dsa-fix demo``: both bugs and both fixes, on the real sglang code, in two tables.
+"""``sglang-dsa-fix demo``: three bugs and both fixes, on the real sglang code, in three tables.
 
 Bug #1: the installed backend class through init_cuda_graph_state, capture and TARGET_VERIFY
 replay for seq_len = context_len-2 ... the pool's limit (``replay``). Bug #2: one request driven
 to its last spec-v2 decode reservation with a canary in the next request's row
-(``row_overflow``; its Triton kernel runs on CPU under Triton's interpreter). Each three ways:
-pristine, runtime fix (what the plugin's hooks do), in-tree patch (a patched temporary copy of
-the installed sglang). The installed files are hashed before and after: they must not change.
+(``row_overflow``; its Triton kernel runs on CPU under Triton's interpreter). Bug #3: the real
+FlashAttentionBackend (FA3) through init_cuda_graph_state, capture and target_verify / draft
+decode replays near and past context_len, what its kernel would read from the graph page tables
+against the request's req_to_token row (``fa3_replay``). Each three ways: pristine, runtime fix
+(what the plugin's hooks do), in-tree patch (a patched temporary copy of the installed sglang).
+Bugs #2 and #3 run on CPU only. The installed files are hashed before and after: they must not
+change. The summary says per bug whether it came out as expected.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ import hashlib
 
 import torch
 
-from sglang_dsa_fix import runtime_fix, sites, snapshot, width
+from sglang_dsa_fix import fa3_sites, runtime_fix, sites, snapshot, width
 from sglang_dsa_fix import tree as trees
-from sglang_dsa_fix.proof import replay, row_overflow
+from sglang_dsa_fix.proof import fa3_backend, fa3_replay, replay, row_overflow
 from sglang_dsa_fix.proof.patched_copy import patched_copy
 
 ROW_DRAFT_TOKENS = (7, 8, 9, 12)
+# Bug #3's table: D 8 so that the longest verify's seq_len passes context_len (C + D - 4).
+FA3_CONTEXT_LEN, FA3_DRAFT_TOKENS, FA3_PAGES, FA3_BS = 256, 8, (1, 16), 4
 
 
 def _cell(result: replay.ReplayResult) -> str:
@@ -37,6 +43,15 @@ def _row_cell(result: row_overflow.RowResult) -> str:
         f"FAIL {result.columns_past_row_end} col past row end, {result.canary_clobbered} "
         f"neighbour cells overwritten, {result.leaked_slots} slots leaked"
     )
+
+
+def _fa3_cell(result: fa3_replay.Replay) -> str:
+    if result.error:
+        return f"FAIL {result.error}"
+    if not result.clean:
+        text = f"FAIL {result.not_own}/{result.reads} not own page ids, {result.past} past the end"
+        return text + (f", {result.writes_outside} written outside" if result.writes_outside else "")
+    return f"OK   {result.reads}/{result.reads} own page ids"
 
 
 def _digests(paths) -> dict:
@@ -102,6 +117,53 @@ def row_table(form, patched_sizing) -> bool:
     return ok
 
 
+def fa3_entries(patched_module, form) -> list:
+    """Bug #3's replays at the demo's shape (``fa3_replay.compare``), the installed module
+    imported over the CPU stand-in for the time it takes."""
+    undo = fa3_backend.import_fa3()
+    try:
+        return fa3_replay.compare(FA3_CONTEXT_LEN, FA3_DRAFT_TOKENS, FA3_PAGES, FA3_BS, patched_module, form)
+    finally:
+        undo()
+
+
+def fa3_table(entries) -> bool:
+    C, D, bs = FA3_CONTEXT_LEN, FA3_DRAFT_TOKENS, FA3_BS
+    print(
+        f"Bug #3 (crash): the real FlashAttentionBackend (FA3) on cpu, target_verify and draft decode "
+        f"replays: context_len={C} D={D} bs={bs}, every request at seq_len; what the kernel reads "
+        "from the graph page table vs the request's req_to_token row\n"
+    )
+    header = (
+        f"{'mode':<6} {'page':>4} {'seq_len':>7} {'read':>4} {'table':>8}  "
+        f"{'runtime fix':<28} {'in-tree patch':<28} pristine"
+    )
+    print(header + "\n" + "-" * (len(header) + 50))
+    for e in entries:
+        table = f"{e.pristine.width}->{e.runtime.width}"
+        print(
+            f"{e.mode:<6} {e.page:>4} {e.seq_len:>7} {e.pages:>4} {table:>8}  {_fa3_cell(e.runtime):<28} "
+            f"{_fa3_cell(e.in_tree):<28} {_fa3_cell(e.pristine)}"
+        )
+    bad = sum(1 for e in entries if not e.pristine.clean)
+    failures = sum(1 for e in entries for r in (e.runtime, e.in_tree) if not r.clean)
+    print(
+        "\n'read': pages the longest request's read spans (verify: seq_len + D keys; draft decode: "
+        "its last step, seq_len + D - 2); 'table': the graph page table's pages, sglang's -> fixed"
+    )
+    print(
+        f"pristine: {bad}/{len(entries)} replays read outside the request's row or raise; fixed: "
+        f"{failures} failures in {2 * len(entries)} replays\n"
+    )
+    return fa3_replay.as_expected(entries)
+
+
+def _verdict(ok, device: str) -> str:
+    if ok is None:
+        return f"not shown ({'CPU only' if device != 'cpu' else 'the in-tree patch changes nothing here'})"
+    return "as expected" if ok else "NOT as expected"
+
+
 def run(context_len: int, num_draft_tokens: int, page_size: int, bs: int, device: str) -> int:
     tree = trees.find_tree(None)
     layout, backend_cls = replay.import_backend_class()
@@ -109,18 +171,28 @@ def run(context_len: int, num_draft_tokens: int, page_size: int, bs: int, device
         print(f"sglang {tree.version} has no DSA/NSA backend: nothing to demonstrate")
         return 1
     read = snapshot.read(tree)
-    files = [s.path for s in (sites.page_table_site(read), sites.row_site(read)) if s is not None]
+    fa3_site = fa3_sites.fa3_page_table_site(read)
+    found = (sites.page_table_site(read), sites.row_site(read), fa3_site)
+    files = [s.path for s in found if s is not None]
     before = _digests(files)
     print(f"sglang {tree.version} at {tree.package}\n")
-    with patched_copy() as patched:
+    on_cpu = device == "cpu"
+    form = sites.release_form(read)[0]
+    ok = {}  # bug -> as expected, or None: not shown
+    with patched_copy(fa3=on_cpu and fa3_site is not None) as patched:
         case = replay.Case(context_len, num_draft_tokens, page_size, bs, device)
-        ok = page_table_table(backend_cls, patched.backend_class, case)
-        if patched.sizing_function is not None and device == "cpu":
-            ok &= row_table(sites.release_form(read)[0], patched.sizing_function)
+        ok["#1"] = page_table_table(backend_cls, patched.backend_class, case)
+        rows_shown = patched.sizing_function is not None and on_cpu
+        ok["#2"] = row_table(form, patched.sizing_function) if rows_shown else None
+        fa3_shown = patched.fa3_module is not None
+        ok["#3"] = fa3_table(fa3_entries(patched.fa3_module, form)) if fa3_shown else None
     unchanged = _digests(files) == before
     print(f"installed files {'unchanged' if unchanged else 'CHANGED'}: {', '.join(p.name for p in files)}")
-    print("demo:", "as expected" if ok and unchanged else "NOT as expected")
-    return 0 if ok and unchanged else 1
+    for bug, result in ok.items():
+        print(f"bug {bug}: {_verdict(result, device)}")
+    good = unchanged and False not in ok.values()
+    print("demo:", "as expected" if good else "NOT as expected")
+    return 0 if good else 1
 
 
 def default_device() -> str:

@@ -1,10 +1,11 @@
 """Bug #3 on CPU: what FA3 would read from its CUDA-graph page tables after a real replay.
 
-Shared by the demo (``sweep``) and test/srt/test_fa3_cuda_graph.py (``build``, ``replay``). The
-backend is the real FlashAttentionBackend (``fa3_backend``): its own ``init_cuda_graph_state``,
-capture and replay, with the release's own table builders (0.5.14: torch gather / Triton
-``normal_decode_set_metadata``; 0.5.17: Triton ``build_trtllm_mha_page_table``, unbounded; 0.5.23:
-``normal_decode_set_metadata`` clamped to ``max_num_pages``), run by Triton's interpreter on CPU.
+Shared by the demo (``compare``, ``as_expected``) and test/srt/test_fa3_cuda_graph.py
+(``build``, ``replay``). The backend is the real FlashAttentionBackend (``fa3_backend``): its own
+``init_cuda_graph_state``, capture and replay, with the release's own table builders (0.5.14:
+torch gather / Triton ``normal_decode_set_metadata``; 0.5.17: Triton
+``build_trtllm_mha_page_table``, unbounded; 0.5.23: ``normal_decode_set_metadata`` clamped to
+``max_num_pages``), run by Triton's interpreter on CPU.
 
 What the kernel reads is counted from that metadata and the kernel's addressing: for batch row b
 it reads ``page_table`` entries j < ceil(cache_seqlens[b] / page), flat element
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang_dsa_fix import fa3_width
+from sglang_dsa_fix import fa3_width, width
 from sglang_dsa_fix.proof import fa3_backend
 
 SENTINEL = -7  # no page id is negative
@@ -216,3 +217,56 @@ def sweep(mode, page, D, context_len, max_bs, row_extra, seq_lens, module=None, 
     (so the first rows' reads run into the next request's row, the last one's past the buffer)."""
     built = build(mode, page, D, context_len, max_bs, (max_bs,), row_extra, module, runtime_fix)
     return [replay(built, [s] * max_bs) for s in seq_lens]
+
+
+# ------------------------------------------------------------------------------ the demo's table
+
+MODES = ("verify", "draft")
+
+
+@dataclass
+class Compared:
+    """One seq_len of the demo's bug #3 table: the same replay three ways."""
+
+    mode: str
+    page: int
+    seq_len: int
+    pages: int  # pages the longest request's read spans (``most_pages``)
+    runtime: Replay  # fa3_width.enforce after init_cuda_graph_state (the plugin's hook)
+    in_tree: Replay  # the patched copy's FlashAttentionBackend
+    pristine: Replay
+
+    @property
+    def outgrows_pristine(self) -> bool:
+        """sglang's own table is narrower than the pages this replay reads."""
+        return self.pages > self.pristine.width
+
+
+def demo_seq_lens(context_len: int, D: int) -> list:
+    """The last verify inside context_len, the first past it, context_len itself and the longest
+    verify the scheduler runs (``width.verify_seq_len_bound``)."""
+    bound = width.verify_seq_len_bound(context_len, D)
+    return sorted({context_len - D, context_len - D + 1, context_len, bound})
+
+
+def compare(context_len, D, pages, bs, patched_module, form) -> list:
+    """Every mode, page and ``demo_seq_lens`` replayed pristine, runtime-fixed and in-tree
+    patched (``patched_module``), over a request row as wide as the release ``form`` sizes it."""
+    out = []
+    for mode in MODES:
+        for page in pages:
+            row_extra = width.pristine_row_extra(form, width.SpecShape(context_len, D, D - 1, 1, page))
+            seq_lens = demo_seq_lens(context_len, D)
+            variants = ((None, True), (patched_module, False), (None, False))
+            runs = [sweep(mode, page, D, context_len, bs, row_extra, seq_lens, m, f) for m, f in variants]
+            for s, (runtime, in_tree, pristine) in zip(seq_lens, zip(*runs)):
+                out.append(Compared(mode, page, s, most_pages(mode, D, s, page), runtime, in_tree, pristine))
+    return out
+
+
+def as_expected(entries: list) -> bool:
+    """Pristine reads outside the request's row (or raises) exactly where the read outgrows its
+    table, and does somewhere; both fixes read every page inside the row, its own page ids."""
+    pristine = all(e.pristine.clean != e.outgrows_pristine for e in entries)
+    fixed = all(r.clean and r.reads and r.width >= e.pages for e in entries for r in (e.runtime, e.in_tree))
+    return any(e.outgrows_pristine for e in entries) and pristine and fixed
