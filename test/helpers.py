@@ -72,6 +72,32 @@ class PatchToolTestCase(unittest.TestCase):
             if path.exists()
         }
 
+    @property
+    def changed_files(self) -> dict:
+        """Every file apply changes in this release: path -> its original bytes."""
+        files = {self.backend: self.original, self.sizing: self.original_sizing, self.fa3: self.original_fa3}
+        return {**files, **self.relatives}
+
+    def assertRevertedAllBut(self, blocked, message_part):
+        """``revert`` after ``apply``, where the files ``blocked`` cannot be reverted: every other
+        file is (its backup gone), the blocked ones keep what they had, and the one line names
+        each of them (issue 34 item 5: one file used to keep every file from being reverted)."""
+        kept = {path: path.read_bytes() for path in blocked}
+        rc, out, err = self.cli("revert")
+        self.assertEqual((rc, out), (2, ""), err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertNotIn("Traceback", err)
+        self.assertIn(message_part, err)
+        for path, original in self.changed_files.items():
+            if path in kept:
+                self.assertEqual(path.read_bytes(), kept[path])
+                self.assertIn(path.name, err)
+            else:
+                self.assertEqual(path.read_bytes(), original, f"{path} not reverted: {err}")
+                self.assertFalse(path.with_name(path.name + tree.BACKUP_SUFFIX).exists(), path)
+        reverted = len(self.changed_files) - len(kept)
+        self.assertIn(f"reverted {reverted} of {len(self.changed_files)} file(s)", err)
+
     def _cleanup(self):
         for path in [self.tmp, *self.tmp.rglob("*")]:
             if path.is_dir() and not path.is_symlink():

@@ -4,14 +4,17 @@ file, and files planted where the tool writes (any user)."""
 import errno
 import fcntl
 import os
+import shutil
 import time
 from unittest import mock
 
-from helpers import PAGE_TABLE_SITE, PatchToolTestCase
+from helpers import PAGE_TABLE_SITE, PatchToolTestCase, tree_state
 
 from sglang_dsa_fix import classify, plugin, safe_files, snapshot, source_patch, tree
+from sglang_dsa_fix.tree import BACKUP_SUFFIX
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
+FULL = os.environ.get("SGLANG_DSA_FIX_FULL") == "1"
 COOKIE = b"# -*- coding: latin-1 -*-\n"
 
 
@@ -182,4 +185,144 @@ class TestInodeFlags(PatchToolTestCase):
                 _chattr(f"-{flag}", path)
         self.assertEqual(self.cli("apply")[0], 0)
         self.flag("a", self.backend.parent)
-        self.assertRefused("revert", f"{self.backend.parent}: append-only")
+        # Every file but the sizing file is in that directory: revert reverts that one alone.
+        attention = {path for path in self.changed_files if path.parent == self.backend.parent}
+        self.assertEqual(set(self.changed_files) - attention, {self.sizing})
+        self.assertRevertedAllBut(attention, f"{self.backend.parent}: append-only")
+
+
+class FailingOs:
+    """``os`` as ``safe_files`` sees it, with every write, rename and fsync failing with ENOSPC
+    from the ``fail_from``-th such call on (a disk that fills up mid-run and stays full). An
+    fsync before that returns at once: durability is not what the sweep checks, and the ~30
+    fsyncs of each of its ~250 runs took most of its time."""
+
+    FAILING = ("write", "replace", "rename", "fsync")
+
+    def __init__(self, fail_from: float = float("inf"), failing=FAILING):
+        self.fail_from, self.failing, self.calls = fail_from, failing, 0
+
+    def __getattr__(self, name):
+        real = getattr(os, name)
+        if name not in self.FAILING:
+            return real
+
+        def call(*args, **kwargs):
+            self.calls += name in self.failing
+            if name in self.failing and self.calls >= self.fail_from:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return None if name == "fsync" else real(*args, **kwargs)
+
+        return call
+
+
+class TestFullDisk(PatchToolTestCase):
+    """Issue 34 item 7: with every write failing from the N-th on (N over every call of an apply
+    and of a revert of the whole family), the tree is the state before, or the message names its
+    exact state; no file is ever left patched without its backup; the next apply and the next
+    revert each recover it."""
+
+    def setUp(self):
+        super().setUp()
+        self.files = self.changed_files
+        self.saved = self.tmp.parent / f"{self.tmp.name}-saved"
+        self.addCleanup(shutil.rmtree, self.saved, True)
+
+    def save(self, name: str) -> None:
+        shutil.copytree(self.package, self.saved / name, symlinks=True)
+
+    def restore(self, name: str) -> None:
+        shutil.rmtree(self.package)
+        shutil.copytree(self.saved / name, self.package, symlinks=True)
+
+    def run_failing(self, command: str, fail_from: float = float("inf"), names=FailingOs.FAILING) -> tuple:
+        failing = FailingOs(fail_from, names)
+        with mock.patch.object(safe_files, "os", failing):
+            rc, out, err = self.cli(command)
+        return rc, out, err, failing.calls
+
+    def assertNamesItsState(self, err: str, unchanged: dict) -> None:
+        """Each file is pristine or carries the fix beside its backup (never without it); a
+        run that says "nothing changed" left the tree as ``unchanged``; otherwise the message
+        names every file that carries the fix and every backup left beside a pristine file."""
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(list(self.tmp.rglob("*.tmp")), [], err)
+        for path, original in self.files.items():
+            backup = snapshot.backup_path(path)
+            has_backup = backup.exists()
+            if has_backup:
+                self.assertEqual(backup.read_bytes(), original, f"{backup}: not the original; {err}")
+            patched = path.read_bytes() != original
+            self.assertTrue(has_backup or not patched, f"{path}: patched without its backup; {err}")
+            if "nothing changed" not in err and (patched or has_backup):
+                self.assertIn(path.name, err)
+        if "nothing changed" in err:
+            self.assertEqual(tree_state(self.tmp), unchanged, err)
+
+    def sweep(self, command: str, start: str, end: str) -> None:
+        """Fail ``command`` from each of its calls on, starting from the saved tree ``start``;
+        after each, recover with apply (-> "applied") and with revert (-> "pristine"): both
+        under ``make test-full``, else one of them in turn. Only a failure that changes nothing
+        may go unsaid (the directory's fsync after the last rename)."""
+        self.restore(start)
+        unchanged = tree_state(self.tmp)
+        rc, _, err, total = self.run_failing(command)
+        self.assertEqual(rc, 0, err)
+        self.assertGreater(total, 4 * len(self.files) - 1)
+        for fail_from in range(1, total + 1):
+            with self.subTest(command=command, fail_from=fail_from):
+                self.restore(start)
+                rc, out, err, _ = self.run_failing(command, fail_from)
+                if rc == 0:
+                    self.assertEqual(tree_state(self.tmp), self.states[end], out)
+                else:
+                    self.assertEqual((rc, out), (2, ""), err)
+                    self.assertNamesItsState(err, unchanged)
+                self.save("failed")
+                recoveries = (("apply", "applied"), ("revert", "pristine"))
+                for recovery, expected in recoveries if FULL else recoveries[fail_from % 2 :][:1]:
+                    self.restore("failed")
+                    rc, out, err2, _ = self.run_failing(recovery)
+                    self.assertEqual(rc, 0, (err, err2))
+                    self.assertEqual(tree_state(self.tmp), self.states[expected], (recovery, err))
+                shutil.rmtree(self.saved / "failed")
+
+    def test_apply_and_revert_on_a_disk_that_fills_up(self):
+        self.save("pristine")
+        self.states = {"pristine": tree_state(self.tmp)}
+        self.assertEqual(self.run_failing("apply")[0], 0)
+        self.save("applied")
+        self.states["applied"] = tree_state(self.tmp)
+        self.sweep("apply", "pristine", "applied")
+        self.sweep("revert", "applied", "pristine")
+
+    def test_a_full_disk_fails_writes_but_not_renames(self):
+        # What a real ENOSPC does: a new file's data cannot be written, a rename still works.
+        # Every write of apply failing from the N-th on: the undo renames each backup back over
+        # its file, so every run leaves the tree as it was and says so.
+        self.save("pristine")
+        before = tree_state(self.tmp)
+        total = self.run_failing("apply", names=("write",))[3]
+        self.assertEqual(total, 2 * len(self.files))  # a backup and a file each
+        for fail_from in range(1, total + 1):
+            with self.subTest(fail_from=fail_from):
+                self.restore("pristine")
+                rc, out, err, _ = self.run_failing("apply", fail_from, ("write",))
+                self.assertEqual((rc, out), (2, ""), err)
+                self.assertIn("cannot write (No space left on device); nothing changed", err)
+                self.assertEqual(tree_state(self.tmp), before, err)
+
+    def test_a_leftover_backup_the_undo_used_is_said(self):
+        # A backup equal to its file (what a revert killed before removing it leaves) is
+        # rewritten by apply and, when the apply is undone, renamed back over its file: gone.
+        backup = snapshot.backup_path(self.backend)
+        backup.write_bytes(self.original)
+        rc, out, err, _ = self.run_failing("apply", 3, ("write",))  # backup 1, file 1, backup 2
+        self.assertEqual((rc, out), (2, ""), err)
+        self.assertIn(
+            f"{self.sizing}{BACKUP_SUFFIX}: cannot write (No space left on device); no file changed", err
+        )
+        self.assertIn(f"beside {self.backend.name} was used to restore it", err)
+        self.assertFalse(backup.exists())
+        self.assertEqual([p.read_bytes() for p in self.files], list(self.files.values()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from sglang_dsa_fix import members, snapshot
@@ -116,8 +117,33 @@ def _state(files: TreeFiles, found: members.Found, member: members.Member) -> Bu
 
 def states(files: TreeFiles) -> list:
     """One BugState per bug. ToolError when a file is not recognised or was hand-edited."""
+    judged = each_state(files)
+    unjudged = next((s for s in judged if isinstance(s, Unjudged)), None)
+    if unjudged is not None:
+        raise unjudged.error
+    return judged
+
+
+@dataclass
+class Unjudged:
+    """A bug whose file this tool will not touch (``each_state``): the file, and why."""
+
+    path: Path
+    error: ToolError
+
+
+def each_state(files: TreeFiles) -> list:
+    """``states``, with an ``Unjudged`` in the place of a bug whose file was hand-edited (or whose
+    backup cannot be read) instead of raising: ``revert`` restores every file it can and names
+    the others. A file that is not recognised at all still raises."""
     found = members.find(files)
-    return [_state(files, found, member) for member in members.registry()]
+    judged = []
+    for member in members.registry():
+        try:
+            judged.append(_state(files, found, member))
+        except ToolError as exc:
+            judged.append(Unjudged(found.sites[member.bug].path, exc))
+    return judged
 
 
 @dataclass

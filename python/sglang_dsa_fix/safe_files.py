@@ -109,6 +109,18 @@ def unlink(loc: File) -> bool:
     return True
 
 
+def rename_over(source: File, target: File) -> None:
+    """Put the file at ``source``'s name (a backup) under ``target``'s name in the same directory,
+    as one rename: how a rollback restores a file on a full disk (a rename needs no new data
+    blocks), the backup gone in the same step that restores its file."""
+    _expect(source)
+    _expect(target)
+    os.replace(source.name, target.name, src_dir_fd=source.dir.fd, dst_dir_fd=target.dir.fd)
+    target.st, source.st = source.st, None
+    with contextlib.suppress(OSError):
+        os.fsync(target.dir.fd)
+
+
 def temps(loc: File) -> list:
     """Temp files an interrupted run (SIGKILL) left beside ``loc``."""
     return matching(loc.dir, f".{loc.name}.*.tmp")

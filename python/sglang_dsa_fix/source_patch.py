@@ -4,7 +4,10 @@
 (data; only the CLI renders it). The original of every file changed is kept beside it as
 ``<file>.sglang-dsa-fix.orig`` so ``revert`` restores the original bytes exactly. Writes are
 atomic (temp file + rename) and keep owner, group, mode and extended attributes; a symlinked
-file is written through to its target. A multi-file apply either changes every file or none.
+file is written through to its target. A multi-file apply either changes every file or none, on
+a full disk too (its undo renames each backup back: ``_apply_all``); where even that fails, the
+error names each file's state, and the next apply or revert finishes from there. ``revert`` goes
+file by file: a file it cannot revert is named and never keeps the others from being reverted.
 Files are read and written through directory fds (``safe_files``): each path is resolved once,
 and as root a place another user could redirect is refused (``--allow-unsafe-dirs``).
 Commands on one tree are serialised with an flock on the ``sglang`` package directory.
@@ -103,44 +106,112 @@ def _remove_stale_temps(locs) -> list:
     return removed
 
 
-def _remove(files, action: str) -> list:
-    """Remove backups and bytecode once the files are written. A failure names the file and says
-    that the action itself is done (exit 2 all the same: something is left to clean up)."""
+_BY_HAND = "remove that file by hand"
+
+
+def _remove_each(files: list, failures: list) -> list:
+    """Remove each of ``files``: the ones removed; a failure is added to ``failures``."""
     removed = []
     for loc in files:
         try:
             if safe_files.unlink(loc):
                 removed.append(loc.path)
         except OSError as exc:
-            raise ToolError(
-                f"{loc.path}: cannot remove ({exc.strerror}); the {action} itself succeeded: remove "
-                "that file by hand"
-            ) from None
+            failures.append(f"{loc.path}: cannot remove ({exc.strerror or exc})")
     return removed
 
 
-def _transaction(writes) -> None:
-    """``writes``: (File, new bytes, metadata). All or nothing: on failure undo what was written."""
-    done = []
-    for loc, new, metadata in writes:
+def _names(paths) -> str:
+    """Files in a message that names several: their names (no two files a fix changes share one;
+    whole paths would pass the length an error line is cut at)."""
+    return ", ".join(path.name for path in paths)
+
+
+@dataclass
+class _Change:
+    """One file of an apply: where it and its backup are, its bytes before and after."""
+
+    loc: snapshot.File
+    backup: snapshot.File
+    original: bytes
+    new: bytes
+    metadata: dict
+    had_backup: bool  # a copy of the file an interrupted run left as its backup
+
+
+def _apply_all(changes: list) -> None:
+    """Every file or none, a full disk included. Each file's backup is written before the file;
+    undoing a file renames its backup back over it (``safe_files.rename_over``: no new space
+    needed), so a file is never patched without its backup. Where even the undo fails, the
+    ToolError says which files carry the fix and which backups are left."""
+    done = []  # (change, whether the file itself was written), in order
+    for change in changes:
+        target = change.backup
         try:
-            old = snapshot.read_existing(loc)
-            _write(loc, new, metadata)
+            _write(change.backup, change.original, change.metadata)
+            done.append((change, False))
+            target = change.loc
+            _write(change.loc, change.new, change.metadata)
+            done[-1] = (change, True)
         except OSError as exc:
-            # Own names in this loop: the error is about ``loc``, the file that failed.
-            for undo_loc, undo_old, undo_metadata in reversed(done):
-                with contextlib.suppress(OSError):
-                    if undo_old is None:
-                        safe_files.unlink(undo_loc)
-                    else:
-                        _write(undo_loc, undo_old, undo_metadata)
-            raise ToolError(f"{loc}: cannot write ({exc.strerror or exc}); nothing changed") from None
-        done.append((loc, old, metadata))
+            raise ToolError(_apply_failed(target, exc, *_undo(done))) from None
+
+
+def _undo(done: list) -> tuple:
+    """Undo an apply's writes, last first: (files still patched, each beside its backup; backups
+    left beside pristine files; files whose backup an interrupted run had left went to restore
+    them, as the rename takes the backup)."""
+    patched, left, used = [], [], []
+    for change, written in reversed(done):
+        try:
+            if written:
+                safe_files.rename_over(change.backup, change.loc)
+            elif not change.had_backup:
+                safe_files.unlink(change.backup)
+        except OSError:
+            (patched if written else left).append(change.loc.path)
+            continue
+        if written and change.had_backup:
+            used.append(change.loc.path)
+    return patched, left, used
+
+
+def _apply_failed(loc, exc: OSError, patched: list, left: list, used: list) -> str:
+    said = f"{loc}: cannot write ({exc.strerror or exc})"
+    if not patched and not left:
+        if used:
+            return f"{said}; no file changed (the backup an interrupted run had left beside {_names(used)} was used to restore it)"
+        return f"{said}; nothing changed"
+    parts = [said, "undoing what it wrote failed too"]
+    if patched:
+        parts.append(f"these carry the fix, beside their backups: {_names(patched)}")
+    if left:
+        parts.append(f"these are unchanged, with a copy left as their backup: {_names(left)}")
+    parts += [
+        "every other file is unchanged",
+        "`sglang-dsa-fix apply` finishes the change, `revert` undoes it",
+    ]
+    return "; ".join(parts)
 
 
 def _states(tree: SglangTree) -> list:
     """The states of the tree as it is now; the caller holds the exclusive lock."""
     return classify.states(snapshot.read(tree, lock=False))
+
+
+def _change(state, package, allow_unsafe_dirs: bool) -> _Change:
+    """What applying ``state``'s fix writes, checked before anything is written."""
+    path = state.site.path
+    loc, metadata = _locate_for_rewrite(path, state.site.data, package, allow_unsafe_dirs)
+    new = state.site.patched_bytes()
+    try:
+        compile(new, str(path), "exec")  # never write a file that does not parse
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise ToolError(
+            f"{path}: not recognised: patched, it would not parse ({exc}); nothing changed"
+        ) from None
+    backup = loc.sibling(loc.name + BACKUP_SUFFIX)
+    return _Change(loc, backup, state.site.data, new, metadata, backup.st is not None)
 
 
 def apply(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
@@ -149,22 +220,11 @@ def apply(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
         found = _states(tree)
         todo = [s for s in found if s.verdict is Verdict.AFFECTED]
         stale = [s for s in found if s.verdict is Verdict.STALE_BYTECODE]
-        writes, pycs = [], []
+        changes, pycs = [], []
         with _reading(tree.package):
             for state in todo:
-                path = state.site.path
-                loc, metadata = _locate_for_rewrite(path, state.site.data, package, allow_unsafe_dirs)
-                new = state.site.patched_bytes()
-                try:
-                    compile(new, str(path), "exec")  # never write a file that does not parse
-                except (SyntaxError, ValueError) as exc:
-                    raise ToolError(
-                        f"{path}: not recognised: patched, it would not parse ({exc}); nothing changed"
-                    ) from None
-                # Backup first: a crash between the two leaves a pristine file and a spare backup.
-                backup = loc.sibling(loc.name + BACKUP_SUFFIX)
-                writes += [(backup, state.site.data, metadata), (loc, new, metadata)]
-                pycs += _bytecode_beside(loc, path)
+                changes.append(_change(state, package, allow_unsafe_dirs))
+                pycs += _bytecode_beside(changes[-1].loc, state.site.path)
             for state in stale:
                 loc = _locate_checked(state.site.path, package, allow_unsafe_dirs)
                 for pyc in _bytecode_beside(loc, state.site.path):
@@ -172,47 +232,101 @@ def apply(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
                     if problem:
                         raise ToolError(problem)
                     pycs.append(pyc)
-            temps = _remove_stale_temps([loc for loc, _, _ in writes[1::2]])
-        _transaction(writes)
-        removed = temps + _remove(pycs, "apply")
+            temps = _remove_stale_temps([change.loc for change in changes])
+        _apply_all(changes)
+        cleanup = []
+        removed = temps + _remove_each(pycs, cleanup)
+        if cleanup:
+            raise ToolError(f"{'; '.join(cleanup)}; the apply itself succeeded: {_BY_HAND}")
         return Outcome("apply", [state.site.path for state in todo], removed, _states(tree))
 
 
-def revert(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
-    """Restore the original bytes of every file this tool changed."""
-    with locked(tree, exclusive=True) as package:
-        found = _states(tree)
-        ours = [s for s in found if s.verdict in (Verdict.FIXED_IN_TREE, Verdict.STALE_BYTECODE)]
-        missing = [s for s in ours if s.original is None]
-        if missing:
-            raise ToolError(
-                f"{missing[0].site.path}: carries the fix but has no {BACKUP_SUFFIX} backup "
-                "(applied with `git apply`?): restore it with `git checkout` or by reinstalling "
-                "sglang; nothing changed"
-            )
-        writes, backups, pycs = [], [], []
-        with _reading(tree.package):
-            # Backups equal to their (pristine) file: what a revert killed before removing them
-            # leaves. Nothing to restore; remove them too.
-            for state in found:
-                if state.verdict is Verdict.AFFECTED and state.site is not None:
-                    loc = snapshot.locate(state.site.path)
-                    backup = loc.sibling(loc.name + BACKUP_SUFFIX)
-                    if snapshot.read_existing(backup) == state.site.data:
-                        backups.append(backup)
-            for state in ours:
-                path = state.site.path
-                loc, metadata = _locate_for_rewrite(path, state.site.data, package, allow_unsafe_dirs)
+@dataclass
+class _Revert:
+    """One file of a revert: where it and its backup are, the bytes it gets back."""
+
+    path: Path  # the file in the tree (may be a symlink)
+    loc: snapshot.File
+    original: bytes
+    metadata: dict
+    backup: snapshot.File
+    pycs: list
+
+
+def _revert_plan(state, package, allow_unsafe_dirs: bool) -> _Revert:
+    """What reverting ``state``'s file writes, checked before it is written; ToolError if it
+    cannot be reverted."""
+    path = state.site.path
+    if state.original is None:
+        raise ToolError(
+            f"{path}: carries the fix but has no {BACKUP_SUFFIX} backup (applied with `git apply`?): "
+            "restore it with `git checkout` or by reinstalling sglang"
+        )
+    with _reading(path):
+        loc, metadata = _locate_for_rewrite(path, state.site.data, package, allow_unsafe_dirs)
+        backup = loc.sibling(loc.name + BACKUP_SUFFIX)
+        if snapshot.read_existing(backup) != state.original:
+            raise ToolError(f"{backup.path}: changed while sglang-dsa-fix ran")
+        return _Revert(path, loc, state.original, metadata, backup, _bytecode_beside(loc, path))
+
+
+def _leftover_backups(states: list) -> list:
+    """Backups equal to their (pristine) file: what a revert killed before removing them, or an
+    apply that could not undo everything, leaves. Nothing to restore; they are removed too."""
+    backups = []
+    for state in states:
+        if state.verdict is Verdict.AFFECTED and state.site is not None:
+            with contextlib.suppress(OSError):  # then it stays, and `check` still reads the tree
+                loc = snapshot.locate(state.site.path)
                 backup = loc.sibling(loc.name + BACKUP_SUFFIX)
-                if snapshot.read_existing(backup) != state.original:
-                    raise ToolError(f"{backup.path}: changed while sglang-dsa-fix ran; nothing changed")
-                writes.append((loc, state.original, metadata))
-                backups.append(backup)
-                pycs += _bytecode_beside(loc, path)
-            temps = _remove_stale_temps([loc for loc, _, _ in writes])
-        _transaction(writes)
-        removed = temps + _remove(backups + pycs, "revert")
-        return Outcome("revert", [s.site.path for s in ours], removed, _states(tree))
+                if snapshot.read_existing(backup) == state.site.data:
+                    backups.append(backup)
+    return backups
+
+
+def _nothing_said(error: ToolError) -> str:
+    """A file's own error, less the "nothing changed" it says of the whole run."""
+    return str(error).removesuffix("; nothing changed")
+
+
+def revert(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
+    """Restore the original bytes of every file this tool changed, file by file: a file that
+    cannot be reverted is named (exit 2) and never keeps the others from being reverted."""
+    with locked(tree, exclusive=True) as package:
+        judged = classify.each_state(snapshot.read(tree, lock=False))
+        failed = [(u.path, _nothing_said(u.error)) for u in judged if isinstance(u, classify.Unjudged)]
+        states = [s for s in judged if not isinstance(s, classify.Unjudged)]
+        plans = []
+        for state in states:
+            if state.verdict in (Verdict.FIXED_IN_TREE, Verdict.STALE_BYTECODE):
+                try:
+                    plans.append(_revert_plan(state, package, allow_unsafe_dirs))
+                except ToolError as exc:
+                    failed.append((state.site.path, _nothing_said(exc)))
+        total = len(plans) + len(failed)
+        removed = _remove_stale_temps([plan.loc for plan in plans])
+        reverted, cleanup = [], []
+        for plan in plans:
+            try:
+                _write(plan.loc, plan.original, plan.metadata)
+            except OSError as exc:
+                failed.append((plan.path, f"{plan.loc}: cannot write ({exc.strerror or exc})"))
+                continue
+            reverted.append(plan.path)
+            removed += _remove_each([plan.backup, *plan.pycs], cleanup)
+        removed += _remove_each(_leftover_backups(states), cleanup)
+        if failed or cleanup:
+            raise ToolError(_revert_failed(failed, cleanup, len(reverted), total, bool(removed)))
+        return Outcome("revert", reverted, removed, _states(tree))
+
+
+def _revert_failed(failed: list, cleanup: list, reverted: int, total: int, removed: bool) -> str:
+    """The one line a revert that could not do everything ends with: the tree's state first (the
+    line is cut past MAX_ERROR_LINE), then why the first file was not reverted."""
+    if not failed:
+        return f"{'; '.join(cleanup)}; the revert itself succeeded: {_BY_HAND}"
+    done = f"reverted {reverted} of {total} file(s)" if reverted or removed or cleanup else "nothing changed"
+    return "; ".join([done, f"not reverted: {_names(p for p, _ in failed)}", failed[0][1], *cleanup])
 
 
 def upstream_diff(tree: SglangTree) -> bytes:
