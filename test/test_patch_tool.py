@@ -415,6 +415,26 @@ class TestBadInput(PatchToolTestCase):
         self.assertFalse(stale.exists())
         self.assertIn(f"removed: {stale}", out)
 
+    def test_stale_temp_files_go_with_the_next_check_apply_or_revert(self):
+        # Issue 34 item 7: a killed run's temp file stayed until that same file was written
+        # again: beside a backup, or beside a file the next run did not write, for ever.
+        def plant() -> list:
+            temps = [
+                self.sizing.parent / f".{self.sizing.name}.0badc0de.tmp",
+                self.backend.parent / f".{self.backend.name}.sglang-dsa-fix.orig.0badc0de.tmp",
+            ]
+            for temp in temps:
+                temp.write_bytes(b"half a file")
+            return temps
+
+        for command, rc_expected in (("check", 1), ("revert", 0), ("apply", 0), ("check", 0)):
+            with self.subTest(command=command):
+                temps = plant()
+                rc, out, err = self.cli(command, "--json")
+                self.assertEqual(rc, rc_expected, err)
+                self.assertEqual(sorted(json.loads(out)["removed"]), sorted(map(str, temps)))
+                self.assertEqual(list(self.tmp.rglob("*.tmp")), [])
+
     def test_argument_errors(self):
         for argv in (
             ["check", "--sglang-root", ""],

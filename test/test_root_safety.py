@@ -157,6 +157,17 @@ class TestUnsafeDirectories(RootTestCase):
         self.assertEqual(self.cli("revert", "--allow-unsafe-dirs")[0], 0)
         self.assertEqual(self.sizing.read_bytes(), self.original_sizing)
 
+    def test_check_removes_no_temp_file_where_root_may_not_write(self):
+        # check removes a killed run's temp files (issue 34 item 7), never where apply would
+        # be refused without --allow-unsafe-dirs (check has no such flag).
+        self.sizing.parent.chmod(0o775)
+        temp = self.sizing.parent / f".{self.sizing.name}.0badc0de.tmp"
+        temp.write_bytes(b"half a file")
+        rc, out, err = self.cli("check", "--json")
+        self.assertEqual(rc, 1, err)
+        self.assertNotIn("removed", json.loads(out))
+        self.assertTrue(temp.exists())
+
     def test_directory_of_another_user_needs_the_flag(self):
         os.chown(self.attention, NOBODY, NOBODY)
         self.assertRefused("apply", f"{self.attention} is owned by uid {NOBODY}")

@@ -21,7 +21,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_dsa_fix import classify, members, safe_files, snapshot
+from sglang_dsa_fix import classify, members, release, safe_files, snapshot
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.snapshot import BACKUP_SUFFIX, locked
 from sglang_dsa_fix.tree import SglangTree
@@ -95,15 +95,29 @@ def _write(loc, data: bytes, metadata: dict) -> None:
     safe_files.replace(loc, data, metadata)
 
 
-def _remove_stale_temps(locs) -> list:
-    """Temp files an interrupted run (SIGKILL) left beside the files we write."""
+def _remove_stale_temps(tree: SglangTree, package, allow_unsafe_dirs: bool) -> list:
+    """Temp files an interrupted run (SIGKILL) left beside any file a fix may change or its
+    backup (``safe_files.temps``' pattern takes both), whichever file that run was writing. The
+    caller holds the tree's lock, so no run of this tool is writing one now. A place root may
+    not write in (``check_place``) is left alone, as is a file that cannot be removed."""
     removed = []
-    for loc in locs:
+    for relative in release.FILES_CHANGED:
+        try:
+            loc = _locate_checked(tree.file(relative), package, allow_unsafe_dirs)
+        except (OSError, ToolError):
+            continue  # no such directory, or not a place to remove files in
         for tmp in safe_files.temps(loc):
             with contextlib.suppress(OSError):
                 if safe_files.unlink(tmp):
                     removed.append(tmp.path)
     return removed
+
+
+def remove_stale_temps(tree: SglangTree) -> list:
+    """``check``'s part: the temp files a killed run left (under the shared lock: a run that
+    writes holds the exclusive one). The paths removed."""
+    with locked(tree, exclusive=False) as package:
+        return _remove_stale_temps(tree, package, allow_unsafe_dirs=False)
 
 
 _BY_HAND = "remove that file by hand"
@@ -232,7 +246,7 @@ def apply(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
                     if problem:
                         raise ToolError(problem)
                     pycs.append(pyc)
-            temps = _remove_stale_temps([change.loc for change in changes])
+            temps = _remove_stale_temps(tree, package, allow_unsafe_dirs)
         _apply_all(changes)
         cleanup = []
         removed = temps + _remove_each(pycs, cleanup)
@@ -304,7 +318,7 @@ def revert(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
                 except ToolError as exc:
                     failed.append((state.site.path, _nothing_said(exc)))
         total = len(plans) + len(failed)
-        removed = _remove_stale_temps([plan.loc for plan in plans])
+        removed = _remove_stale_temps(tree, package, allow_unsafe_dirs)
         reverted, cleanup = [], []
         for plan in plans:
             try:

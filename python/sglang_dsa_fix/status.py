@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sglang_dsa_fix import bugs, classify, resolve
+from sglang_dsa_fix import bugs, classify, resolve, source_patch
 from sglang_dsa_fix import tree as trees
 
 # ------------------------------------------------------------------------------ the flow
@@ -32,7 +32,9 @@ from sglang_dsa_fix import tree as trees
 def collect(root: Optional[str], request: Optional[resolve.Request] = None) -> dict:
     """The whole report for a tree, and for a configuration when ``request`` names one.
     ToolError when the tree cannot be judged or sglang rejects the arguments."""
-    files = classify.read_tree(trees.find_tree(root))
+    tree = trees.find_tree(root)
+    removed = source_patch.remove_stale_temps(tree)  # a killed apply's or revert's temp files
+    files = classify.read_tree(tree)
     resolved = None if request is None else resolve.configuration(files.tree, files.form, request)
     target = None if resolved is None else resolved.pop(resolve.PLUGIN_SEARCH, None)
     plugin_info = trees.plugin_report(files.files, own_environment=root is None, target=target)
@@ -43,6 +45,8 @@ def collect(root: Optional[str], request: Optional[resolve.Request] = None) -> d
     }
     if files.version_note:
         report["version_note"] = files.version_note
+    if removed:
+        report["removed"] = [str(path) for path in removed]
     report.update(resolved or {})
     report["bugs"], report["exit_code"] = bugs.judge(files, plugin_info, resolved)
     report["summary"] = bugs.summary(report["bugs"])
