@@ -400,6 +400,22 @@ class TestFifoWhereAFileIsRead(PatchToolTestCase):
         self.fifo_at("editable.pth")
         self.assertAnswers()
 
+    def test_source_file(self):
+        # Issue 34 item 8: a FIFO where a source file is read was taken as "no such file" (at
+        # eagle_info_v2.py: the release read as 0.5.4's form; at a backend: not applicable),
+        # and apply went on to exit 0. Now it is a file that cannot be read: exit 2.
+        for relative in ("srt/speculative/eagle_info_v2.py", "srt/layers/attention/dsa_backend.py"):
+            self.fifo_at(f"sglang/{relative}")
+            for command in ("check", "status", "apply"):
+                with self.subTest(relative=relative, command=command):
+                    rc, out, err = self.run_tool(command)
+                    self.assertEqual(rc, 2, out)
+                    self.assertEqual(len(err.strip().splitlines()), 1, err)
+                    self.assertIn(f"{relative}: cannot read (not a regular file)", err)
+                    self.assertEqual(json.loads(out)["exit_code"], 2)
+            (self.tmp / "sglang" / relative).unlink()
+        self.assertEqual(list(self.tmp.rglob("*.orig")), [])  # apply wrote nothing
+
 
 class TestUnknownKillSwitchValue(unittest.TestCase):
     """S: ``SGLANG_DSA_FIX=disable`` meant enabled, silently: now a warning in the plugin's log,

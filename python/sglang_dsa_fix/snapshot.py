@@ -88,7 +88,7 @@ def read(tree: SglangTree, use_backups: bool = True, lock: bool = True) -> TreeF
     views = {}
     for relative in release.FILES_READ:
         path = tree.file(relative)
-        data = _read(path) if _is_file(path) else None
+        data = _read(path) if _is_file(path, relative) else None
         if data is None or relative not in release.FILES_CHANGED:
             views[relative] = FileView(path, data)
             continue
@@ -103,15 +103,21 @@ def read(tree: SglangTree, use_backups: bool = True, lock: bool = True) -> TreeF
     return TreeFiles(tree, views, use_backups)
 
 
-def _is_file(path: Path) -> bool:
+def _is_file(path: Path, relative: str) -> bool:
     """Is there a regular file? Absent is an answer; unreadable is not: a directory the tool
-    may not search (``attention/`` at 0700 as another user) must not read as "no DSA backend"."""
+    may not search (``attention/`` at 0700 as another user) must not read as "no DSA backend",
+    nor a FIFO, device or directory under a source file's name as "this release has no such
+    file" (a FIFO at ``eagle_info_v2.py`` read as 0.5.4's form). The version files alone are
+    read for the label only and skipped as ``tree.read_version`` skips them."""
     try:
-        return stat.S_ISREG(os.stat(path).st_mode)
+        st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError as exc:
         raise ToolError(f"{path}: cannot read ({exc.strerror})") from None
+    if stat.S_ISREG(st.st_mode) or relative in release.VERSION_FILES:
+        return stat.S_ISREG(st.st_mode)
+    raise ToolError(f"{path}: cannot read (not a regular file)")
 
 
 def _read(path: Path) -> bytes:
