@@ -7,6 +7,7 @@ hang or unbounded memory."""
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from helpers import PatchToolTestCase, run_cli
+from helpers import PatchToolTestCase, run_cli, tree_state
 
 from sglang_dsa_fix import resolve
 
@@ -415,6 +416,46 @@ class TestFifoWhereAFileIsRead(PatchToolTestCase):
                     self.assertEqual(json.loads(out)["exit_code"], 2)
             (self.tmp / "sglang" / relative).unlink()
         self.assertEqual(list(self.tmp.rglob("*.orig")), [])  # apply wrote nothing
+
+
+class TestBoundedParse(PatchToolTestCase):
+    """Issue 34 item 8: valid Python with a 900-term expression gave a RecursionError traceback
+    (exit 1, no JSON); a 10 MB file a MemoryError under a 3 GiB limit. Both are now one line,
+    exit 2, JSON: a file is read up to pysource.MAX_SOURCE_BYTES, and a tree nested deeper than
+    pysource.MAX_NESTING is not recognised."""
+
+    def test_deep_expression(self):
+        triton = self.package / "srt/layers/attention/triton_backend.py"
+        original = triton.read_bytes()
+        at = original.index(b"\n    def ", original.index(b"class TritonAttnBackend("))
+        # 900 terms: ast.unparse overflows the stack; 3000: ast.parse; 10000 conditionals:
+        # CPython's parser runs out of its own stack (MemoryError).
+        for expression in (" + ".join(["1"] * 900), " + ".join(["1"] * 3000), "1 if 1 else " * 10000 + "1"):
+            method = f"\n    def deep(self):\n        return {expression}\n".encode()
+            triton.write_bytes(original[:at] + method + original[at:])
+            for command in ("check", "apply"):
+                with self.subTest(terms=expression.count("1"), command=command):
+                    before = tree_state(self.tmp)
+                    rc, out, err = self.cli(command, "--json")
+                    self.assertEqual(rc, 2, err[-2000:])
+                    self.assertEqual(len(err.strip().splitlines()), 1, err[-2000:])
+                    self.assertIn("triton_backend.py: not recognised: nested more than 100 levels deep", err)
+                    self.assertEqual(json.loads(out)["exit_code"], 2)
+                    self.assertEqual(tree_state(self.tmp), before)
+
+    def test_ten_megabyte_file(self):
+        backend = self.package / "srt/layers/attention/dsa_backend.py"
+        backend.write_bytes(backend.read_bytes() + b"x = 1\n" * (10 * 2**20 // 6))
+
+        def limit_memory():  # the child's address space: 1 GiB (the parse took more than 3)
+            resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+
+        argv = [sys.executable, "-m", "sglang_dsa_fix", "check", "--sglang-root", str(self.tmp), "--json"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, preexec_fn=limit_memory)
+        self.assertEqual(done.returncode, 2, done.stderr[-2000:])
+        self.assertNotIn("Traceback", done.stderr)
+        self.assertIn("dsa_backend.py: cannot read (larger than 1048576 bytes)", done.stderr)
+        self.assertEqual(json.loads(done.stdout)["exit_code"], 2)
 
 
 class TestUnknownKillSwitchValue(unittest.TestCase):

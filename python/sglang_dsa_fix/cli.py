@@ -366,6 +366,8 @@ def _main(argv=None) -> int:
         return _fail(args, f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
     except UnicodeError as exc:
         return _fail(args, f"cannot decode a file ({exc})")
+    except (RecursionError, MemoryError) as exc:  # a bound the tool missed (pysource sets them)
+        return _fail(args, f"input too large or nested too deeply to judge ({type(exc).__name__})")
     if args.json:
         print(json.dumps(_contract({"command": args.command, **data}), indent=2))
     elif isinstance(text, bytes):  # a diff: the files' own bytes, whatever their encoding

@@ -39,6 +39,27 @@ _PARSED_MAX = 32
 _PARSED_LOCK = threading.Lock()
 
 
+# Bounded work on any file (issue 34 item 8: a 10 MB file took more than 3 GiB to parse, a
+# 900-term expression overflowed the stack of the locators' ast.unparse). What sglang has, in
+# the files the tool reads of 0.5.4 - 0.5.17 (.matrix and the pinned 0.5.14, 2026-12-07): at
+# most 168 KB (0.5.17 flashattention_backend.py) and 21 levels of nesting (0.5.15
+# model_runner_kv_cache_mixin.py). On CPython 3.11.7, parsing 1 MiB of code peaked at 685 MiB
+# and ast.unparse overflowed the stack from 350 levels.
+MAX_SOURCE_BYTES = 1 << 20
+MAX_NESTING = 100
+
+
+def _nesting_over(module: ast.AST, limit: int) -> bool:
+    """Does the tree nest deeper than ``limit`` nodes? (Iterative: no recursion of its own.)"""
+    stack = [(module, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return False
+
+
 def parse(path: Path, data: bytes) -> ast.Module:
     with _PARSED_LOCK:
         module = _PARSED.pop(data, None)
@@ -46,11 +67,17 @@ def parse(path: Path, data: bytes) -> ast.Module:
             _PARSED[data] = module  # the most recently used last
     if module is not None:
         return module
+    if len(data) > MAX_SOURCE_BYTES:
+        raise ToolError(f"{path}: not recognised: {len(data)} bytes, more than {MAX_SOURCE_BYTES}")
     try:
         module = ast.parse(data, filename=str(path))
     except (SyntaxError, ValueError) as exc:
         detail = f"{exc.msg}, line {exc.lineno}" if isinstance(exc, SyntaxError) else str(exc)
         raise ToolError(f"{path}: not recognised: does not parse ({detail})") from None
+    except (RecursionError, MemoryError):  # CPython's parser on deep nesting
+        module = None
+    if module is None or _nesting_over(module, MAX_NESTING):
+        raise ToolError(f"{path}: not recognised: nested more than {MAX_NESTING} levels deep")
     with _PARSED_LOCK:
         _PARSED[data] = module
         while len(_PARSED) > _PARSED_MAX:

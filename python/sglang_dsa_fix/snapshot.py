@@ -26,6 +26,7 @@ from typing import Optional
 
 from sglang_dsa_fix import release
 from sglang_dsa_fix.errors import ToolError
+from sglang_dsa_fix.pysource import MAX_SOURCE_BYTES
 from sglang_dsa_fix.tree import BACKUP_SUFFIX, SglangTree
 
 LOCK_TIMEOUT_S = 30.0
@@ -310,7 +311,9 @@ def read_at(loc: File) -> tuple:
         if loc.st is None or (st.st_dev, st.st_ino) != (loc.st.st_dev, loc.st.st_ino):
             raise replaced_error(loc)
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read()
+            data = handle.read(MAX_SOURCE_BYTES + 1)  # bounded: a huge file is refused, not read
+        if len(data) > MAX_SOURCE_BYTES:
+            raise OSError(errno.EFBIG, f"larger than {MAX_SOURCE_BYTES} bytes", str(loc))
         xattrs, names = {}, []
         with contextlib.suppress(OSError):  # a filesystem without xattrs
             names = os.listxattr(fd)
