@@ -164,6 +164,22 @@ class TestBytecode(PatchToolTestCase):
         self.assertEqual(self.cli("apply")[0], 0)  # apply cleans it up
         self.assertEqual(self.cli("check")[0], 0)
 
+    def test_revert_says_the_bytecode_apply_removed_is_not_restored(self):
+        # Issue 34 item 8: pip installs timestamp .pycs beside sglang's files; apply removes
+        # them, and revert used to leave them removed without a word.
+        pyc = self.backend.parent / "__pycache__" / f"{self.backend.stem}.{sys.implementation.cache_tag}.pyc"
+        py_compile.compile(str(self.backend), cfile=str(pyc))
+        self.assertEqual(self.cli("apply")[0], 0)
+        self.assertFalse(pyc.exists())
+        rc, out, err = self.cli("revert", "--json")
+        self.assertEqual(rc, 0, err)
+        (note,) = json.loads(out)["notes"]
+        self.assertIn(f"no bytecode in __pycache__ for {self.backend.name}, ", note)
+        self.assertIn("revert does not restore it", note)
+        self.cli("apply")
+        rc, out, err = self.cli("revert")
+        self.assertIn(f"note: {note}\n", out)
+
     def test_revert_removes_bytecode(self):
         self.cli("apply")
         pyc = self.compile_unchecked(self.sizing)

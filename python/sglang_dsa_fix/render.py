@@ -349,6 +349,7 @@ def render_outcome(data: dict, colour: bool = False) -> str:
     verb = {"apply": "applied", "revert": "reverted"}[data["action"]]
     lines = [f"{verb}: {path}" for path in data["changed"]] or [f"nothing to {data['action']}"]
     lines += [f"removed: {path}" for path in data["removed"]]
+    lines += [f"note: {note}" for note in data.get("notes", ())]
     lines += [member_line(b) for b in _first_actionable(data["bugs"])]
     if data["changed"]:
         lines.append(RESTART)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_dsa_fix import classify, members, release, safe_files, snapshot
@@ -36,12 +36,14 @@ class Outcome:
     changed: list  # files written
     removed: list  # backups and stale bytecode removed
     states: list  # BugState per bug, after the action
+    notes: list = field(default_factory=list)  # what the action leaves as it is, said
 
     def to_dict(self) -> dict:
         return {
             "action": self.action,
             "changed": [str(p) for p in self.changed],
             "removed": [str(p) for p in self.removed],
+            "notes": list(self.notes),
             "bugs": [s.to_dict() for s in self.states],
         }
 
@@ -331,7 +333,20 @@ def revert(tree: SglangTree, allow_unsafe_dirs: bool = False) -> Outcome:
         removed += _remove_each(_leftover_backups(states), cleanup)
         if failed or cleanup:
             raise ToolError(_revert_failed(failed, cleanup, len(reverted), total, bool(removed)))
-        return Outcome("revert", reverted, removed, _states(tree))
+        return Outcome("revert", reverted, removed, _states(tree), _bytecode_note(plans))
+
+
+def _bytecode_note(plans: list) -> list:
+    """Say what revert does not restore: the bytecode apply removed (it cannot be told apart from
+    a file that never had any, so: every reverted file without a ``.pyc`` beside it)."""
+    bare = [plan.path for plan in plans if not _bytecode_beside(plan.loc, plan.path)]
+    if not bare:
+        return []
+    return [
+        f"no bytecode in __pycache__ for {_names(bare)} (apply removes it, revert does not restore it): "
+        "Python compiles each at its next import, and writes the .pyc where it may "
+        "(`python -m compileall` writes it now)"
+    ]
 
 
 def _revert_failed(failed: list, cleanup: list, reverted: int, total: int, removed: bool) -> str:
