@@ -171,8 +171,8 @@ class TestTheChildsReport(PluginLookupTestCase):
             }
         )
         fake = self.tmp.parent / f"{self.tmp.name}-fake"
-        # As root the tool first asks the interpreter for its sys.path (``resolve.PROBE``): the
-        # fake answers that it has none, then the result line.
+        # As root the tool first asks the interpreter for its sys.path
+        # (``resolve_import_path.PROBE``): the fake answers that it has none, then the result line.
         probed = resolve.PATH_MARK + json.dumps({"path": [], "site": []})
         fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{probed}' '{resolve.RESULT_MARK}{line}'\n")
         fake.chmod(0o755)

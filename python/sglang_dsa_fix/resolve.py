@@ -6,7 +6,7 @@ row through sglang's own sizing functions.
 ``status -- <launch_server args>`` calls ``resolve``: it starts the target environment's Python
 (``--python``; default the venv holding the tree, else this one) isolated (``python -I``: no
 working directory, PYTHONPATH's absolute entries handed on by hand) with the tree first on
-``sys.path`` (as root every directory on it checked first: ``import_path``), and ``resolve_child.child_main`` there runs ``sglang.srt.server_args.prepare_server_args`` (0.5.23:
+``sys.path`` (as root every directory on it checked first: ``resolve_import_path``), and ``resolve_child.child_main`` there runs ``sglang.srt.server_args.prepare_server_args`` (0.5.23:
 then ``resolve_once``) under a GPU profile, reads the resolved fields and calls
 ``get_req_to_token_extra_context_len`` / ``get_alloc_reserve_per_decode`` of that tree. The parent
 imports neither torch nor sglang. Where the child cannot import sglang, no configuration is
@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -44,10 +42,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import safe_files, width
+from sglang_dsa_fix import width
+from sglang_dsa_fix.child_process import MAX_CHILD_OUTPUT, OutputCapExceeded, run_child
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.release import Form
+from sglang_dsa_fix.resolve_import_path import PATH_MARK as PATH_MARK  # re-exported: see below
+from sglang_dsa_fix.resolve_import_path import import_path, refuse_foreign_code
+from sglang_dsa_fix.resolve_result import MAX_PATH_ENTRY as MAX_PATH_ENTRY
+from sglang_dsa_fix.resolve_result import MAX_SYS_PATH as MAX_SYS_PATH
+from sglang_dsa_fix.resolve_result import RESULT_MARK, read_result
+from sglang_dsa_fix.resolve_result import schema_error as schema_error
 from sglang_dsa_fix.tree import SglangTree
+
+# ``X as X`` above: re-exported for now, the tests still name the result line's schema and the
+# root probe's mark as ``resolve.X`` (they live in resolve_result / resolve_import_path).
 
 # name -> what sglang's probes see. mem_mib as the driver reports it.
 GPU_PROFILES = {
@@ -65,49 +73,8 @@ GPU_PROFILES = {
 GPU_PROFILE_NAMES = tuple(GPU_PROFILES)
 DEFAULT_GPU = "h200"
 CHILD_TIMEOUT_S = 180.0
-RESULT_MARK = "@@sglang-dsa-fix-resolve@@ "
-# Resolved ServerArgs fields reported under "configuration" (sglang's own names).
-FIELDS = (
-    "speculative_algorithm",
-    "speculative_num_draft_tokens",
-    "speculative_eagle_topk",
-    "speculative_num_steps",
-    "page_size",
-    "context_length",
-    "attention_backend",
-    "decode_attention_backend",
-    "prefill_attention_backend",
-    "speculative_attention_mode",
-    "speculative_draft_attention_backend",
-    "disable_cuda_graph",
-    "disable_overlap_schedule",
-    "attn_dcp_size",
-    "dcp_size",
-    "device",
-    # Not ServerArgs fields: the backend sglang picks by the model (``_model_attention_backend``),
-    # and whether the scheduler runs the spec-v2 decode path (``_runs_spec_v2``).
-    "model_attention_backend",
-    "speculative_runs_spec_v2",
-)
-# What is read of the child's stdout and stderr, each (``run_child``): sglang's warnings and one
-# result line are a few KiB. Read in CHUNKs, polled every POLL_S; once the child exited, what
-# it left running is killed and the pipes drained for at most DRAIN_S.
-MAX_CHILD_OUTPUT = 8 << 20
-CHUNK = 64 << 10
-POLL_S = 0.2
-DRAIN_S = 2.0
-# What the parent reads of the child's result line (``read_result``): the line's size, the
-# integers' range, its error kinds and fields, the configuration fields that are integers, and
-# each width's types.
-MAX_RESULT_LINE = 1 << 20  # characters; a result is a few KiB
-MAX_INT = 1 << 62
-ERROR_KINDS = ("import", "arguments", "refused", "model_config")
-RESULT_FIELDS = ("sglang_version", "configuration", "sources", "widths", "prove", "sys_path")
-# The child's own sys.path (``child_main``), where the plugin is looked for (``status``): at most
-# MAX_SYS_PATH entries of at most MAX_PATH_ENTRY characters each. ``resolve`` hands it on under
-# PLUGIN_SEARCH, with the interpreter that reported it.
-MAX_SYS_PATH = 1024
-MAX_PATH_ENTRY = 4096
+# ``resolve`` hands the child's own sys.path on under PLUGIN_SEARCH, with the interpreter that
+# reported it: where the server's interpreter would find the plugin (``status``).
 PLUGIN_SEARCH = "plugin_search"
 # How the child leaves once its result line is out: ``os._exit``, without the interpreter's
 # teardown (freeing some 5000 modules of torch and sglang, their atexit hooks, GC): that took
@@ -119,19 +86,6 @@ CHILD_EXIT = "sys.stdout.flush(); sys.stderr.flush(); import os; os._exit(0)"
 # this environment's PYTHONPATH names is handed on by hand, its absolute entries only (a relative
 # one means the caller's working directory); ``-W ignore`` stands in for PYTHONWARNINGS.
 ISOLATED = ("-I", "-W", "ignore")
-# As root (``import_path``), the target's sys.path is asked first, without the site module
-# (``-S``: no .pth file runs): its standard library entries and its site directories; each of
-# those, every directory a .pth line there adds, the PYTHONPATH entries and the tree's parent are
-# checked (``safe_files.import_dir_foreign``) before the child starts, and the child refuses to
-# go on (``BOOT``) when its sys.path holds an entry that was not checked.
-PATH_MARK = "@@sglang-dsa-fix-path@@ "
-PROBE = (
-    "import json, site, sys; venv, system = sys.argv[1], sys.argv[2] == '1'; "
-    "dirs = site.getsitepackages([venv]) if venv else []; "
-    "dirs += site.getsitepackages() if system or not venv else []; "
-    f"print({PATH_MARK!r} + json.dumps({{'path': sys.path, 'site': dirs}}))"
-)
-PROBE_TIMEOUT_S = 30.0
 # argv[1]: {"parent", "ours", "pythonpath", "checked"}; argv[2]: the options; then the launch
 # arguments. The target's own sys.path (its site dirs, the PYTHONPATH entries) is taken before the
 # tree is put first: where the server would find the plugin. This package is imported from its
@@ -157,34 +111,6 @@ from sglang_dsa_fix import resolve_child
 resolve_child.child_main(sys.argv[2:], path)
 {CHILD_EXIT}
 """
-INT_FIELDS = (
-    "speculative_num_draft_tokens",
-    "speculative_eagle_topk",
-    "speculative_num_steps",
-    "page_size",
-    "context_length",
-    "attn_dcp_size",
-    "dcp_size",
-)
-WIDTH_FIELDS = {
-    "row_extra": (int,),
-    "decode_reserve": (int,),
-    "row_extra_with_plugin": (int, type(None)),
-    "alloc_page_size": (int,),
-    "sizing_function": (str,),
-    "graph_page_table_width": (int,),
-    "graph_page_table_from": (str,),
-    "graph_page_table_error": (str,),
-}
-PROVE_FIELDS = (
-    "context_length",
-    "prompt_len",
-    "row_extra",
-    "columns_past_row_end",
-    "neighbour_cells_changed",
-    "leaked_slots",
-)
-PROVE_DEVICES = ("cpu", "cuda")  # where the drive ran (``_prove``)
 # ------------------------------------------------------------------------------ parent side
 
 
@@ -243,113 +169,10 @@ def _venv_python(tree: SglangTree) -> Optional[Path]:
     return None
 
 
-def refuse_foreign_code(interpreter: Path, tree: SglangTree) -> None:
-    """As root, ToolError when the child would run an interpreter, or import a tree, that a user
-    other than root could change (``safe_files.foreign_code``: the file, its directories up to
-    ``/``, the links on the way; the package parent and everything under ``sglang/``)."""
-    if os.geteuid() != 0:
-        return  # an unprivileged run executes nothing its user could not run anyway
-    try:
-        found = safe_files.foreign_code(interpreter, tree.package_parent)
-    except OSError as exc:
-        raise ToolError(f"{exc.filename or interpreter}: cannot check ({exc.strerror or exc})") from None
-    if found is None:
-        return
-    what, where = found
-    doing = "run an interpreter" if what == "interpreter" else "import code"
-    named = interpreter if what == "interpreter" else tree.package
-    said = f"{named}: " + ("" if where.path == str(named) else f"{where.path} is ") + where.reason
-    raise ToolError(
-        f"{said}; as root sglang-dsa-fix does not {doing} another user can change (pass "
-        "--allow-unsafe-dirs to override)"
-    )
-
-
 def pythonpath() -> list:
     """This environment's PYTHONPATH as handed on to the child: its absolute entries, each once."""
     entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     return list(dict.fromkeys(os.path.normpath(e) for e in entries if os.path.isabs(e)))
-
-
-def _pth_dirs(site_dir: str) -> list:
-    """The directories the .pth files of ``site_dir`` add to sys.path, as ``site.addpackage``
-    reads them (``import`` lines run code from what is already on the path: checked there)."""
-    from sglang_dsa_fix.tree import MAX_METADATA_FILE, read_text
-
-    dirs = []
-    for pth in sorted(Path(site_dir).glob("*.pth")):
-        try:
-            lines = read_text(pth, MAX_METADATA_FILE).splitlines()
-        except OSError:  # what site cannot read adds nothing
-            continue
-        for line in lines:
-            if line.startswith("#") or not line.strip() or line.startswith(("import ", "import\t")):
-                continue
-            target = os.path.abspath(os.path.join(site_dir, line.rstrip()))
-            if os.path.exists(target):
-                dirs.append((target, f"a line of {pth}"))
-    return dirs
-
-
-def _venv_system_site(venv: Path) -> bool:
-    """Does the venv's pyvenv.cfg include the base interpreter's site-packages?"""
-    from sglang_dsa_fix.tree import MAX_METADATA_FILE, read_text
-
-    try:
-        text = read_text(venv / "pyvenv.cfg", MAX_METADATA_FILE)
-    except OSError:
-        return False
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip().lower() == "include-system-site-packages":
-            return value.strip().lower() == "true"
-    return False
-
-
-def import_path(interpreter: Path, tree: SglangTree, handed_on: list, env: dict) -> list:
-    """As root, the directories the child imports from, each checked (``import_dir_foreign``):
-    ToolError naming the first one another user could change. ``handed_on``: the PYTHONPATH
-    entries the child gets."""
-    venv = safe_files.venv_of(interpreter)
-    system = "1" if venv is None or _venv_system_site(venv) else "0"
-    command = [str(interpreter), "-I", "-S", "-c", PROBE, str(venv or ""), system]
-    try:
-        returncode, stdout, stderr = run_child(command, env, PROBE_TIMEOUT_S)
-        line = next(line for line in reversed(stdout.splitlines()) if line.startswith(PATH_MARK))
-        probed = json.loads(line[len(PATH_MARK) :])
-        stdlib, sites = probed["path"], probed["site"]
-        if not all(isinstance(e, str) for e in [*stdlib, *sites]):
-            raise ValueError("not a list of paths")
-    except (StopIteration, ValueError, KeyError, TypeError, OutputCapExceeded, subprocess.TimeoutExpired):
-        raise ToolError(
-            f"{interpreter}: did not report its sys.path, so as root sglang-dsa-fix cannot check "
-            "what it would import (pass --allow-unsafe-dirs to override)"
-        ) from None
-    except OSError as exc:
-        raise ToolError(f"{interpreter}: cannot run ({exc.strerror})") from None
-    entries = [(str(tree.package_parent), "the tree's parent")]
-    entries += [(e, "PYTHONPATH") for e in handed_on]
-    entries += [(os.path.abspath(e), "its standard library") for e in stdlib]
-    for site_dir in sites:
-        entries.append((os.path.abspath(site_dir), "a site directory"))
-        if os.path.isdir(site_dir):
-            entries += _pth_dirs(site_dir)
-    checked = []
-    for entry, why in entries:
-        if entry in checked:
-            continue
-        try:
-            found = safe_files.import_dir_foreign(entry)
-        except OSError as exc:
-            raise ToolError(f"{exc.filename or entry}: cannot check ({exc.strerror or exc})") from None
-        if found is not None:
-            said = f"{entry}: " + ("" if found.path == entry else f"{found.path} is ") + found.reason
-            raise ToolError(
-                f"{said} ({why}, on the import path of {interpreter}); as root sglang-dsa-fix does not "
-                "import code another user can change (pass --allow-unsafe-dirs to override)"
-            )
-        checked.append(entry)
-    return checked
 
 
 def local_gpu() -> Optional[dict]:
@@ -456,167 +279,6 @@ def resolve(
     if search is not None:
         result[PLUGIN_SEARCH] = search
     return result
-
-
-class OutputCapExceeded(Exception):
-    """The child printed more than MAX_CHILD_OUTPUT on one stream (the stream's name)."""
-
-
-def _exited(pid: int) -> bool:
-    """Has the child exited? It is not reaped: its process group stays ours to kill."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def run_child(command: list, env: dict, timeout: float) -> tuple:
-    """(exit code, stdout, stderr) of ``command``, run in a session (process group) of its own.
-    At most MAX_CHILD_OUTPUT bytes are read from each stream (OutputCapExceeded beyond), and
-    at most ``timeout`` seconds waited (subprocess.TimeoutExpired); either way, and whatever the
-    child leaves running when it exits, the whole group is killed (a grandchild included)."""
-    proc = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-    )
-    names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
-    read = {fd: bytearray() for fd in names}
-    deadline = time.monotonic() + timeout
-    exited_at = None
-    try:
-        with selectors.DefaultSelector() as selector:
-            for fd in names:
-                selector.register(fd, selectors.EVENT_READ)
-            while selector.get_map():
-                now = time.monotonic()
-                if exited_at is None and _exited(proc.pid):
-                    exited_at = now
-                    _kill_group(proc.pid)  # what it left behind; its pipes then close
-                if exited_at is not None and now - exited_at > DRAIN_S:
-                    break  # a process that left the group still holds a pipe
-                if now >= deadline:
-                    raise subprocess.TimeoutExpired(command, timeout)
-                for key, _ in selector.select(min(deadline - now, POLL_S)):
-                    chunk = os.read(key.fd, CHUNK)
-                    if not chunk:
-                        selector.unregister(key.fd)
-                    elif len(read[key.fd]) + len(chunk) > MAX_CHILD_OUTPUT:
-                        raise OutputCapExceeded(names[key.fd])
-                    else:
-                        read[key.fd] += chunk
-        if exited_at is None:  # both pipes closed, the child runs on
-            proc.wait(max(0.0, deadline - time.monotonic()))
-    finally:
-        _kill_group(proc.pid)
-        proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-    out, err = (bytes(read[fd]).decode("utf-8", "replace") for fd in names)
-    return proc.returncode, out, err
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def read_result(interpreter, returncode: int, stdout: str, stderr: str) -> dict:
-    """The child's last RESULT_MARK line, parsed under MAX_RESULT_LINE and checked against what
-    ``child_main`` prints (``schema_error``); ToolError of one line otherwise."""
-    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if not lines:
-        tail = (stderr.strip().splitlines() or ["no output"])[-1]
-        raise ToolError(f"{interpreter}: resolving the arguments failed (exit {returncode}: {tail})")
-    line = lines[-1][len(RESULT_MARK) :]
-    if len(line) > MAX_RESULT_LINE:
-        why = f"a result line of {len(line)} characters, over the {MAX_RESULT_LINE} cap"
-    else:
-        try:
-            result, why = json.loads(line), None
-        except (ValueError, RecursionError):
-            why = "the result line is not JSON"
-        else:
-            why = schema_error(result)
-    if why is not None:
-        raise ToolError(f"{interpreter}: resolving the arguments gave no result this tool reads ({why})")
-    return result
-
-
-def _is_int(value) -> bool:
-    return type(value) is int and abs(value) <= MAX_INT
-
-
-def _scalar(value) -> bool:
-    return value is None or isinstance(value, (str, bool, float)) or _is_int(value)
-
-
-def _typed(value, kinds: tuple) -> bool:
-    return (
-        (value is None and type(None) in kinds)
-        or (isinstance(value, str) and str in kinds)
-        or (int in kinds and _is_int(value))
-    )
-
-
-def schema_error(result) -> Optional[str]:
-    """What in a parsed result line is not what ``child_main`` prints, or None."""
-    if not isinstance(result, dict):
-        return f"a JSON {type(result).__name__}, not an object"
-    path = result.get("sys_path", [])
-    if not (
-        isinstance(path, list)
-        and len(path) <= MAX_SYS_PATH
-        and all(isinstance(entry, str) and len(entry) <= MAX_PATH_ENTRY for entry in path)
-    ):
-        return f"sys_path is not a list of at most {MAX_SYS_PATH} paths"
-    if "error_kind" in result or "error" in result:
-        if result.get("error_kind") not in ERROR_KINDS or not isinstance(result.get("error"), str):
-            return "an error without a known kind and its text"
-        return None
-    unknown = sorted(set(result) - set(RESULT_FIELDS))
-    if unknown:
-        return f"unknown fields {', '.join(name[:80] for name in unknown[:5])}"
-    config, sources, widths = result.get("configuration"), result.get("sources"), result.get("widths")
-    if not isinstance(result.get("sglang_version"), (str, type(None))):
-        return "sglang_version is not a string"
-    if not isinstance(config, dict) or not isinstance(sources, dict) or not isinstance(widths, dict):
-        return "configuration, sources and widths are not all objects"
-    for name, value in config.items():
-        if name not in FIELDS or not _scalar(value):
-            return f"configuration field {name[:80]!r} is not one of sglang's fields with a plain value"
-        if name in INT_FIELDS and not (value is None or _is_int(value)):
-            return f"configuration field {name} is not an integer"
-    if not _is_int(config.get("context_length")) or config["context_length"] <= 0:
-        return "no positive integer context_length"
-    if not all(name in FIELDS and isinstance(value, str) for name, value in sources.items()):
-        return "sources is not a field -> string object"
-    for name, value in widths.items():
-        if not _typed(value, WIDTH_FIELDS.get(name, ())):
-            return f"width {name[:80]!r} is not what the sizing functions give"
-    if not all(_is_int(widths.get(name)) for name in ("row_extra", "decode_reserve", "alloc_page_size")):
-        return "no row_extra, decode_reserve and alloc_page_size integers (sglang's sizing functions did not run)"
-    if widths["alloc_page_size"] <= 0:
-        return "alloc_page_size is not positive"
-    prove = result.get("prove")
-    if prove is not None:
-        if not isinstance(prove, dict):
-            return "prove is not an object"
-        if "columns_past_row_end" in prove:
-            if set(prove) != {*PROVE_FIELDS, "device"} or not all(
-                _is_int(prove[name]) for name in PROVE_FIELDS
-            ):
-                return "prove's counts are not integers"
-            if prove["device"] not in PROVE_DEVICES:
-                return "prove's device is neither cpu nor cuda"
-        elif len(prove) != 1 or not isinstance(prove.get("error", prove.get("skipped")), str):
-            return "prove has neither counts nor a reason"
-    return None
 
 
 def unresolved(why: str) -> dict:

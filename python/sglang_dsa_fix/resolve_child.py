@@ -1,8 +1,8 @@
 """The resolution child's side of ``resolve``: runs in the target environment's Python, started
 by ``resolve.resolve`` (its ``BOOT``), imports sglang there, resolves the launch arguments with
 sglang's own argument processing under a GPU profile, reads sglang's own widths and prints one
-result line (``resolve.RESULT_MARK``) the parent reads with a schema. The parent side imports
-neither torch nor sglang; this module imports them only inside its functions.
+result line (``resolve_result.RESULT_MARK``) the parent reads with a schema. The parent side
+imports neither torch nor sglang; this module imports them only inside its functions.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from typing import Optional
 
 from sglang_dsa_fix import release, runtime_fix, safe_files, width
-from sglang_dsa_fix.resolve import FIELDS, MAX_PATH_ENTRY, MAX_SYS_PATH, RESULT_MARK
+from sglang_dsa_fix.resolve_result import FIELDS, MAX_PATH_ENTRY, MAX_SYS_PATH, RESULT_MARK
 
 
 def _profile_patches(profile: dict) -> list:
