@@ -123,7 +123,7 @@ class Request:
     shape: Optional[width.SpecShape] = None
     python: Optional[str] = None  # the interpreter that imports the target sglang
     gpu: Optional[str] = None  # a GPU_PROFILES name
-    prove: bool = False  # also drive sglang's decode path on CPU (``_prove``)
+    prove: bool = False  # also drive sglang's decode path on CPU (``resolve_prove.prove``)
     allow_unsafe_dirs: bool = False  # as root: run and import what another user could change
 
 
@@ -218,8 +218,8 @@ def resolve(
     """What sglang resolves for these launch arguments, and its own widths. ToolError when sglang
     rejects the arguments; ``unresolved`` (the reason) when sglang cannot be imported.
     ``prove``: also drive sglang's real decode path for that configuration (``proof.row_overflow``
-    at context ``PROVE_CONTEXT``) and report the columns it really writes past the row end.
-    As root, refuses (``refuse_foreign_code``) unless ``allow_unsafe_dirs``."""
+    at context ``resolve_prove.PROVE_CONTEXT``) and report the columns it really writes past the
+    row end. As root, refuses (``refuse_foreign_code``) unless ``allow_unsafe_dirs``."""
     profile, profile_note = gpu_profile(gpu)
     if python is not None:
         interpreter = Path(python)
@@ -245,9 +245,9 @@ def resolve(
     if prove and local_gpu() is None:
         # Without a GPU the drive's tensors are CPU tensors and sglang's Triton kernels run in
         # Triton's interpreter (set before triton loads). On a GPU host the drive runs on the GPU,
-        # compiled (``_prove``): compiled Triton refuses CPU tensors ("Pointer argument cannot be
-        # accessed from Triton (cpu tensor?)") and an older Triton's interpreter may not run
-        # sglang's kernels (triton 3.6.0 on the H200: "only 0-dimensional arrays ...").
+        # compiled (``resolve_prove.prove``): compiled Triton refuses CPU tensors ("Pointer
+        # argument cannot be accessed from Triton (cpu tensor?)") and an older Triton's interpreter
+        # may not run sglang's kernels (triton 3.6.0 on the H200: "only 0-dimensional arrays ...").
         env["TRITON_INTERPRET"] = "1"
     started = time.monotonic()
     try:

@@ -8,97 +8,15 @@ imports neither torch nor sglang; this module imports them only inside its funct
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
 from typing import Optional
 
 from sglang_dsa_fix import release, runtime_fix, safe_files, width
+from sglang_dsa_fix.gpu_profile_patches import profile_patches
+from sglang_dsa_fix.resolve_prove import prove
 from sglang_dsa_fix.resolve_result import FIELDS, MAX_PATH_ENTRY, MAX_SYS_PATH, RESULT_MARK
-
-
-def _profile_patches(profile: dict) -> list:
-    """mock patches answering sglang's and torch's device queries from ``profile``."""
-    from types import SimpleNamespace
-    from unittest import mock
-
-    import torch
-    from sglang.srt.utils import common
-
-    cuda, hip = profile["vendor"] == "cuda", profile["vendor"] == "hip"
-    major, minor = profile["capability"]
-    capability = (major, minor)
-    answers = {
-        "is_cuda": cuda,
-        "is_hip": hip,
-        "is_cuda_alike": True,
-        "is_npu": False,
-        "is_xpu": False,
-        "is_musa": False,
-        "is_mps": False,
-        "is_hpu": False,
-        "is_cpu": False,
-        "is_sm80_supported": cuda and major == 8,
-        "is_sm90_supported": cuda and major == 9,
-        "is_sm100_supported": cuda and major == 10,
-        "is_sm110_supported": cuda and major == 11,
-        "is_sm100_or_sm110_supported": cuda and major in (10, 11),
-        "is_sm120_supported": cuda and major == 12,
-        "is_blackwell_supported": cuda and major in (10, 11, 12),
-        "is_blackwell": cuda and major in (10, 11, 12),
-        "is_hopper_with_cuda_12_3": cuda and major == 9,
-        "is_ampere_with_cuda_12_3": cuda and major == 8,
-        "is_gfx942_supported": hip and profile.get("arch") == "gfx942",
-        "is_gfx95_supported": hip and profile.get("arch") == "gfx950",
-        "is_flashinfer_available": cuda,
-        "get_device_sm": major * 10 + minor,
-        "get_device_capability": capability,
-        "get_device_memory_capacity": profile["mem_mib"],
-        "get_nvgpu_memory_capacity": profile["mem_mib"],
-        "get_amdgpu_memory_capacity": profile["mem_mib"],
-    }
-
-    def answer(value):
-        fake = lambda *args, **kwargs: value  # noqa: E731
-        fake.cache_clear = lambda: None  # callers clear lru caches
-        return fake
-
-    fakes = {name: answer(value) for name, value in answers.items() if hasattr(common, name)}
-    # Answers cached on the CPU at import time (0.5.23 dsa/utils.py's
-    # aiter_can_use_preshuffle_paged_mqa, first called at dsa_indexer.py:134) are forgotten.
-    for module in [m for name, m in list(sys.modules.items()) if name.startswith("sglang") and m]:
-        for value in list(vars(module).values()):
-            if isinstance(value, functools._lru_cache_wrapper):  # no getattr: lazy proxies import
-                value.cache_clear()
-    # Modules imported `from ...common import is_cuda`: rebind every reference to the originals.
-    originals = {id(getattr(common, name)): name for name in fakes}
-    patches = []
-    for module in [m for name, m in list(sys.modules.items()) if name.startswith("sglang") and m]:
-        for attr, value in list(vars(module).items()):
-            if id(value) in originals:
-                patches.append(mock.patch.object(module, attr, fakes[originals[id(value)]]))
-    properties = SimpleNamespace(
-        name=profile["name"],
-        total_memory=profile["mem_mib"] << 20,
-        major=major,
-        minor=minor,
-        multi_processor_count=132,
-        gcnArchName=profile.get("arch", ""),
-    )
-    for name, value in {
-        "is_available": True,
-        "device_count": 8,
-        "get_device_capability": capability,
-        "get_device_properties": properties,
-        "get_device_name": profile["name"],
-        "mem_get_info": (properties.total_memory, properties.total_memory),
-        "current_device": 0,
-    }.items():
-        patches.append(mock.patch.object(torch.cuda, name, answer(value)))
-    patches.append(mock.patch.object(torch.version, "cuda", "12.9" if cuda else None))
-    patches.append(mock.patch.object(torch.version, "hip", "6.4.0" if hip else None))
-    return patches
 
 
 def _preimport() -> None:
@@ -467,7 +385,7 @@ def _child_result(argv: list) -> dict:
         with contextlib.ExitStack() as stack, contextlib.redirect_stdout(io.StringIO()):
             stack.enter_context(contextlib.redirect_stderr(errors))
             _warm_up(launch_args)
-            for patch in _profile_patches(profile):
+            for patch in profile_patches(profile):
                 stack.enter_context(patch)
             parsed, given, from_config = _given_and_defaults(launch_args)
             server_args = _resolve(launch_args)
@@ -493,7 +411,7 @@ def _child_result(argv: list) -> dict:
         "widths": widths,
     }
     if options.get("prove"):
-        result["prove"] = _prove(config, widths)
+        result["prove"] = prove(config, widths)
     return result
 
 
@@ -530,65 +448,6 @@ def _model_config_missing(launch_args: list) -> str:
         "directory holding config.json (the weights are not read), or run where the hub or HF_HOME's "
         "cache has it"
     )
-
-
-PROVE_CONTEXT, PROVE_PROMPT = 256, 100
-# The decode prepares the CPU driver runs (``proof.row_overflow``): the spec-v2 EAGLE prepare,
-# and DFLASH's own (DFLASH, DSPARK).
-PROVE_PREPARES = (release.EAGLE_PREPARE, release.DFLASH_PREPARE, release.UNO_PREPARE)
-
-
-def _prove(config: dict, widths: dict) -> dict:
-    """Drive the real spec-v2 decode path (sizing, pool, allocator, prepare, Triton kernel) for
-    one request of this configuration to its last reservation, a canary in the next row. The
-    columns past the row end depend on the context length only through its residue modulo the
-    allocator's page (``width.required_row_extra``), so a short context with the same residue
-    stands in; decode context parallel is driven as configured (the allocator pages page x dcp)."""
-    algorithm = str(config.get("speculative_algorithm") or "").upper()
-    if not algorithm:
-        return {"skipped": "no speculative decoding"}
-    if config.get("speculative_runs_spec_v2") is False:
-        return {
-            "skipped": f"{algorithm} runs sglang's spec-v1 decode path here: no spec-v2 reservation to drive"
-        }
-    prepare = release.DECODE_PREPARE.get(algorithm, "unknown")
-    if prepare not in PROVE_PREPARES:
-        return {"skipped": f"{algorithm} reserves in its own decode path, which the CPU driver does not run"}
-    try:
-        import torch
-
-        from sglang_dsa_fix.proof import row_overflow
-
-        # The parent set TRITON_INTERPRET=1 where it found no GPU; else the GPU drives it.
-        interpreted = os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()
-        D = config["speculative_num_draft_tokens"]
-        context = PROVE_CONTEXT + (int(config["context_length"]) - PROVE_CONTEXT) % (
-            widths.get("alloc_page_size") or 1
-        )
-        case = row_overflow.RowCase(
-            context,
-            D,
-            config.get("page_size") or 1,
-            not config.get("disable_overlap_schedule"),
-            PROVE_PROMPT,
-            topk=config.get("speculative_eagle_topk") or 1,
-            num_steps=config.get("speculative_num_steps") or max(1, D - 1),
-            algorithm=config["speculative_algorithm"],
-            dcp_size=config.get("attn_dcp_size") or config.get("dcp_size") or 1,
-            device="cpu" if interpreted else "cuda",
-        )
-        result = row_overflow.run(case)
-    except Exception as exc:  # a release or algorithm the driver does not run
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    return {
-        "device": case.device,
-        "context_length": context,
-        "prompt_len": PROVE_PROMPT,
-        "row_extra": result.row_extra,
-        "columns_past_row_end": result.columns_past_row_end,
-        "neighbour_cells_changed": result.canary_clobbered,
-        "leaked_slots": result.leaked_slots,
-    }
 
 
 MAX_CHILD_ERROR = 2000  # characters of an error the child reports (argparse can quote megabytes)

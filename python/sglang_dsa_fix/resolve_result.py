@@ -69,7 +69,7 @@ PROVE_FIELDS = (
     "neighbour_cells_changed",
     "leaked_slots",
 )
-PROVE_DEVICES = ("cpu", "cuda")  # where the drive ran (``_prove``)
+PROVE_DEVICES = ("cpu", "cuda")  # where the drive ran (``resolve_prove.prove``)
 
 
 def read_result(interpreter, returncode: int, stdout: str, stderr: str) -> dict:
