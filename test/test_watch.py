@@ -4,7 +4,7 @@ Each watch hook is put around the real sglang function the way sglang's HookRegi
 (``hook_registry._wrap_fn`` with HookType.AROUND, set on the object the target names), then:
 
 - row writes: the bug #2 driver (``proof.row_overflow``) runs the real spec-v2 prepare and its
-  Triton writer; its ``_WriteRecorder``, an observer that depends on no watch code, keeps every
+  Triton writer; its ``WriteRecorder``, an observer that depends on no watch code, keeps every
   row's [start, end) and the row width. The watch's counters must equal what it counts, be >= 1
   where the reservation overflows (fixes off) and 0 with the runtime fix. Installed release for
   D 7 / 8 / 9 / 12 x page 1 / 64; 0.5.23 (overlay, a child process) for one case at page 1;
