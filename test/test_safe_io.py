@@ -32,7 +32,7 @@ class TestSourceEncoding(PatchToolTestCase):
         self.backend.write_bytes(COOKIE + joined)
         compile(self.backend.read_bytes(), "x", "exec")
 
-        rc, out, err = self.cli("check")
+        rc, out, err = self.cli("check", "-v")
         self.assertEqual(rc, 1, err)
         self.assertIn(f"`{PAGE_TABLE_SITE.found}`", out)
         rc, diff, err = self.cli("diff")
