@@ -47,10 +47,20 @@ import ast
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import fa3_width, release
+from sglang_dsa_fix import fa3_width, release, width_source
 from sglang_dsa_fix.errors import ToolError
-from sglang_dsa_fix.pysource import Edit, EditSite, byte_offset, lines_above, parse
+from sglang_dsa_fix.pysource import (
+    Edit,
+    EditSite,
+    Unclear,
+    byte_offset,
+    kept,
+    kept_method,
+    lines_above,
+    parse,
+)
 from sglang_dsa_fix.verdicts import Bug
+from sglang_dsa_fix.width_source import PAGES, TOKENS
 
 RELATIVE_PATH = release.FA3_LAYOUT.relative_path
 CLASS_NAME = release.FA3_LAYOUT.class_name
@@ -75,14 +85,6 @@ LEGACY_DETAIL = (
     "an earlier sglang-dsa-fix form of this change (the topk > 1 tables and the replay's host bound "
     "left as sglang wrote them): run `sglang-dsa-fix revert` then `apply` to widen those too"
 )
-
-
-def _class(module: ast.Module) -> Optional[ast.ClassDef]:
-    return next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME), None)
-
-
-def _method(cls: ast.ClassDef, name: str) -> Optional[ast.FunctionDef]:
-    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
 def _torch_call(node, attr: str) -> bool:
@@ -181,120 +183,135 @@ def _host_bounds(method: ast.FunctionDef) -> list:
     return out
 
 
-def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> EditSite:
-    """Bug #3's edits in these bytes of flashattention_backend.py. ToolError if unrecognised."""
-    module = parse(path, data)
-    cls = _class(module)
-    method = cls and _method(cls, "init_cuda_graph_state")
-    if method is None:
-        raise ToolError(f"{path}: not recognised: {CLASS_NAME}.init_cuda_graph_state not found")
-    lines = data.splitlines(keepends=True)
-    edits = []
-
-    # The local page count and, above it, this change's comment.
-    local = next(
-        (
-            n
-            for n in method.body
-            if isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == [LOCAL_PAGES]
-        ),
-        None,
+def _local_pages(path, method: ast.FunctionDef) -> ast.Assign:
+    """``max_num_pages = ...`` in init_cuda_graph_state (the tables' width in pages)."""
+    for node in method.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [LOCAL_PAGES]:
+            return node
+    raise ToolError(
+        f"{path}:{method.lineno}: not recognised: no `{LOCAL_PAGES} = ...` in init_cuda_graph_state"
     )
-    if local is None:
-        raise ToolError(
-            f"{path}:{method.lineno}: not recognised: no `{LOCAL_PAGES} = ...` in init_cuda_graph_state"
-        )
+
+
+def _comment_edit(data: bytes, lines: list, local: ast.Assign) -> Edit:
+    """This change's comment above the local page count; where it is there already, its lines
+    are the range (found == replacement)."""
     line_start = byte_offset(lines, local.lineno, 0)
     indent = lines[local.lineno - 1][: local.col_offset].decode()
     newline = "\r\n" if lines[local.lineno - 1].endswith(b"\r\n") else "\n"
     has_comment = lines_above(lines, local.lineno, len(COMMENT)) == list(COMMENT)
     comment_text = "".join(indent + line + newline for line in COMMENT)
-    # Where the comment is there already, its lines are the range (found == replacement).
     above = line_start - len(comment_text.encode()) if has_comment else line_start
-    edits.append(
-        Edit("comment", above, line_start, local.lineno, data[above:line_start].decode(), comment_text)
-    )
+    return Edit("comment", above, line_start, local.lineno, data[above:line_start].decode(), comment_text)
 
+
+def _edit(data, lines, kind: str, node, replacement: str, method, unit: str) -> tuple:
+    """(the Edit of ``node``, the node, the method it is in, its unit: what ``width_source`` judges)."""
+    start, end, text = _text(data, lines, node)
+    return Edit(kind, start, end, node.lineno, text, replacement), node, method, unit
+
+
+def _width_edits(data, lines, path, methods: dict) -> list:
+    """Every width this change rewrites, as ``_edit`` tuples. ToolError if unrecognised."""
+    method, apply_method = methods["init_cuda_graph_state"], methods["_apply_cuda_graph_metadata"]
+    out = []
     # Width arguments: torch.zeros(rows, max_num_pages | WIDTH_EXPR, ...).
     for node in ast.walk(method):
         if _torch_call(node, "zeros") and len(node.args) >= 2:
-            start, end, text = _text(data, lines, node.args[1])
-            if text == LOCAL_PAGES or text == fa3_width.WIDTH_EXPR:
-                edits.append(Edit("width", start, end, node.args[1].lineno, text, fa3_width.WIDTH_EXPR))
-    if not any(e.kind == "width" for e in edits):
+            if _text(data, lines, node.args[1])[2] in (LOCAL_PAGES, fa3_width.WIDTH_EXPR):
+                out.append(_edit(data, lines, "width", node.args[1], fa3_width.WIDTH_EXPR, method, PAGES))
+    if not out:
         raise ToolError(
             f"{path}:{method.lineno}: not recognised: no torch.zeros(rows, {LOCAL_PAGES}, ...) "
             "in init_cuda_graph_state"
         )
-
     # The topk > 1 prefix tables (token-wide), fed by the same gather.
     for arg in _topk_widths(method):
-        start, end, text = _text(data, lines, arg)
-        if text in ("self.max_context_len", fa3_width.TOPK_WIDTH_EXPR):
-            edits.append(Edit("topk_width", start, end, arg.lineno, text, fa3_width.TOPK_WIDTH_EXPR))
-
+        if _text(data, lines, arg)[2] in ("self.max_context_len", fa3_width.TOPK_WIDTH_EXPR):
+            out.append(_edit(data, lines, "topk_width", arg, fa3_width.TOPK_WIDTH_EXPR, method, TOKENS))
     # The replay's host bound where no CPU mirror is handed over (0.5.15+).
-    apply_method = _method(cls, "_apply_cuda_graph_metadata")
     for arg in _host_bounds(apply_method) if apply_method is not None else ():
-        start, end, text = _text(data, lines, arg)
-        if text in ("self.max_context_len", fa3_width.STRIDED_STOP_EXPR):
-            edits.append(Edit("host_bound", start, end, arg.lineno, text, fa3_width.STRIDED_STOP_EXPR))
-
+        if _text(data, lines, arg)[2] in ("self.max_context_len", fa3_width.STRIDED_STOP_EXPR):
+            out.append(
+                _edit(data, lines, "host_bound", arg, fa3_width.STRIDED_STOP_EXPR, apply_method, TOKENS)
+            )
     # The strided_indices stops: torch.arange(0, <stop>, self.page_size).
     for call in _strided_aranges(method):
         if len(call.args) < 2:
             raise ToolError(f"{path}:{call.lineno}: not recognised: strided_indices arange without a stop")
-        start, end, text = _text(data, lines, call.args[1])
-        edits.append(Edit("strided_stop", start, end, call.args[1].lineno, text, fa3_width.STRIDED_STOP_EXPR))
-
-    # __init__'s self.max_num_pages (0.5.17+), after self.req_to_token.
-    init = _method(cls, "__init__")
-    if init is not None:
-        bounds = [
-            n for n in ast.walk(init) if isinstance(n, ast.Assign) and _self_attr_target(n, LOCAL_PAGES)
-        ]
-        if len(bounds) > 1:
-            raise ToolError(
-                f"{path}:{init.lineno}: not recognised: self.{LOCAL_PAGES} assigned {len(bounds)} times"
-            )
-        if bounds:
-            pool = [
-                n
-                for n in ast.walk(init)
-                if isinstance(n, ast.Assign) and _self_attr_target(n, "req_to_token")
-            ]
-            if not pool or min(n.lineno for n in pool) > bounds[0].lineno:
-                raise ToolError(
-                    f"{path}:{bounds[0].lineno}: not recognised: self.{LOCAL_PAGES} is set before self.req_to_token"
-                )
-            start, end, text = _text(data, lines, bounds[0].value)
-            edits.append(Edit("init_bound", start, end, bounds[0].value.lineno, text, fa3_width.WIDTH_EXPR))
-
-    edits.sort(key=lambda e: e.start)
-    pending = {e.kind for e in edits if not e.done}
-    legacy = bool(pending) and pending <= set(LATER_KINDS) and any(e.kind == "width" for e in edits)
-    patched_here = legacy or not pending
-    local_text = _text(data, lines, local.value)[2]
-    fixed_upstream = (
-        not patched_here
-        and "req_to_token" in local_text
-        and all(
-            e.done or "req_to_token" in e.found or e.found == LOCAL_PAGES
-            for e in edits
-            if e.kind != "comment"
+        out.append(
+            _edit(data, lines, "strided_stop", call.args[1], fa3_width.STRIDED_STOP_EXPR, method, TOKENS)
         )
-    )
+    return out + _init_bound(data, lines, path, methods["__init__"])
+
+
+def _init_bound(data, lines, path, init) -> list:
+    """__init__'s self.max_num_pages (0.5.17+), after self.req_to_token."""
+    if init is None:
+        return []
+    bounds = [n for n in ast.walk(init) if isinstance(n, ast.Assign) and _self_attr_target(n, LOCAL_PAGES)]
+    if len(bounds) > 1:
+        raise ToolError(
+            f"{path}:{init.lineno}: not recognised: self.{LOCAL_PAGES} assigned {len(bounds)} times"
+        )
+    if not bounds:
+        return []
+    pool = [n for n in ast.walk(init) if isinstance(n, ast.Assign) and _self_attr_target(n, "req_to_token")]
+    if not pool or min(n.lineno for n in pool) > bounds[0].lineno:
+        raise ToolError(
+            f"{path}:{bounds[0].lineno}: not recognised: self.{LOCAL_PAGES} is set before self.req_to_token"
+        )
+    return [_edit(data, lines, "init_bound", bounds[0].value, fa3_width.WIDTH_EXPR, init, PAGES)]
+
+
+def _methods(module: ast.Module) -> tuple:
+    """(the class Python keeps, {name: the method it keeps}). ``Unclear`` where either is not clear."""
+    cls = kept(module.body, CLASS_NAME, ast.ClassDef)
+    names = ("init_cuda_graph_state", "_apply_cuda_graph_metadata", "__init__")
+    return cls, {name: cls and kept_method(module, cls, name) for name in names}
+
+
+def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> EditSite:
+    """Bug #3's edits in these bytes of flashattention_backend.py. ToolError if unrecognised.
+
+    sglang's own widths are judged by what they evaluate to (``width_source``): all at least
+    req_to_token's row (in pages, or tokens), however spelt, is ``fixed_upstream``; one narrower
+    is affected; one that does not evaluate, with none narrower, is ``unknown``."""
+    module = parse(path, data)
+    common = dict(bug=Bug.FA3_PAGE_TABLE, affected_when=AFFECTED_WHEN, path=path, data=data)
+    try:
+        cls, methods = _methods(module)
+    except Unclear as exc:
+        return EditSite(edits=(), patched_here=False, unknown=f"{CLASS_NAME}: {exc}", **common)
+    method = methods["init_cuda_graph_state"]
+    if method is None:
+        raise ToolError(f"{path}: not recognised: {CLASS_NAME}.init_cuda_graph_state not found")
+    lines = data.splitlines(keepends=True)
+    local = _local_pages(path, method)
+    widths = _width_edits(data, lines, path, methods)
+    edits = sorted([_comment_edit(data, lines, local), *(w[0] for w in widths)], key=lambda e: e.start)
+    pending = {e.kind for e in edits if not e.done}
+    legacy = bool(pending) and pending <= set(LATER_KINDS)
+    patched_here = legacy or not pending
+    judged = {width_source.judge(local.value, cls, method, PAGES)}
+    judged |= {width_source.judge(node, cls, scope, unit) for _, node, scope, unit in widths}
+    local_text = _text(data, lines, local.value)[2]
+    unknown = ""
+    if not patched_here and width_source.NARROW not in judged and width_source.UNKNOWN in judged:
+        unknown = (
+            f"sglang's widths in {CLASS_NAME} (`{LOCAL_PAGES} = {local_text}` and the tables' own) do "
+            "not all evaluate from the class's own code: this tool cannot tell whether they hold "
+            "req_to_token's row"
+        )
     return EditSite(
-        bug=Bug.FA3_PAGE_TABLE,
-        affected_when=AFFECTED_WHEN,
-        path=path,
-        data=data,
         edits=tuple(edits),
         patched_here=patched_here,
-        fixed_upstream=fixed_upstream,
+        fixed_upstream=not patched_here and judged == {width_source.HOLDS},
+        unknown=unknown,
         lineno=local.lineno,
         found=f"{LOCAL_PAGES} = {local_text}",
         legacy=legacy,
+        **common,
     )
 
 

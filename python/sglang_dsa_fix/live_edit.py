@@ -16,27 +16,49 @@ Refused (``LiveEditError``, the plugin then leaves sglang untouched and says why
 
 from __future__ import annotations
 
+import ast
 import linecache
 import types
 
 from sglang_dsa_fix import graph_tables
-from sglang_dsa_fix.pysource import EditSite
+from sglang_dsa_fix.pysource import EditSite, Unclear, first_line, kept, kept_method, parse
 
 
 class LiveEditError(RuntimeError):
     pass
 
 
-def _named(code: types.CodeType, name: str, where: str) -> types.CodeType:
-    """The one code object ``name`` defined directly in ``code`` (a module's or class body's)."""
-    found = [c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == name]
+def _named(code: types.CodeType, node, where: str) -> types.CodeType:
+    """The code object of the definition ``node`` (an ``ast`` class or function) directly in
+    ``code`` (a module's or class body's): its name, at its first line."""
+    first = first_line(node)
+    found = [
+        c
+        for c in code.co_consts
+        if isinstance(c, types.CodeType) and c.co_name == node.name and c.co_firstlineno == first
+    ]
     if len(found) != 1:
-        raise LiveEditError(f"{where}: {len(found)} definitions of {name}, not one")
+        raise LiveEditError(f"{where}: {len(found)} definitions of {node.name} at line {first}, not one")
     return found[0]
 
 
-def _method_code(module_code: types.CodeType, class_name: str, method_name: str, where: str):
-    return _named(_named(module_code, class_name, where), method_name, f"{where}: {class_name}")
+def _method_code(module_code: types.CodeType, kept_nodes: tuple, where: str):
+    cls, method = kept_nodes
+    return _named(_named(module_code, cls, where), method, f"{where}: {cls.name}")
+
+
+def _kept(site: EditSite, class_name: str, method_name: str) -> tuple:
+    """(class, method) nodes Python keeps in the site's file (``pysource.kept``): the code
+    compiled is the definition the import binds, not an earlier one of the same name."""
+    module = parse(site.path, site.data)
+    try:
+        cls = kept(module.body, class_name, ast.ClassDef)
+        method = cls and kept_method(module, cls, method_name)
+    except Unclear as exc:
+        raise LiveEditError(f"{class_name}.{method_name}: {exc}") from None
+    if method is None:
+        raise LiveEditError(f"{site.path}: no {class_name}.{method_name}")
+    return cls, method
 
 
 def patched_methods(site: EditSite, module: types.ModuleType) -> dict:
@@ -61,12 +83,13 @@ def patched_methods(site: EditSite, module: types.ModuleType) -> dict:
         live = vars(cls).get(method_name) if isinstance(cls, type) else None
         if not isinstance(live, types.FunctionType):
             raise LiveEditError(f"{module.__name__}: no plain function {class_name}.{method_name}")
-        if live.__code__ != _method_code(pristine, class_name, method_name, where):
+        nodes = _kept(site, class_name, method_name)
+        if live.__code__ != _method_code(pristine, nodes, where):
             raise LiveEditError(
                 f"{class_name}.{method_name}: the code sglang loaded is not {where}'s (bytecode of "
                 "another source, or the file changed since); not replaced"
             )
-        code = _method_code(patched, class_name, method_name, where)
+        code = _method_code(patched, nodes, where)  # (the edits change no line count)
         if code.co_freevars != live.__code__.co_freevars:
             raise LiveEditError(f"{class_name}.{method_name}: the change alters its closure")
         function = types.FunctionType(

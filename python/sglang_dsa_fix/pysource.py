@@ -7,6 +7,7 @@ them into byte offsets of the file's own encoding. No torch, no sglang.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import threading
 import tokenize
 from dataclasses import dataclass
@@ -125,6 +126,15 @@ class EditSite:
     hookable: bool = True
     unknown: str = ""  # a form this tool cannot judge: why (verdict "cannot tell")
     legacy: bool = False
+    # The change carries a mark of this tool's own (its comment): False where the file alone
+    # cannot tell it from upstream's same spelling (``classify`` then asks the backup).
+    marked: bool = True
+
+    def as_upstream(self) -> EditSite:
+        """These bytes as sglang's own code (no backup shows this tool wrote them): every edit
+        done is sglang's fix; some left, the rest of the change is still to make."""
+        done = all(e.done for e in self.edits)
+        return dataclasses.replace(self, patched_here=False, legacy=False, fixed_upstream=done)
 
     def of(self, kind: str) -> list:
         return [e for e in self.edits if e.kind == kind]
@@ -136,3 +146,92 @@ class EditSite:
                 continue
             data = data[: edit.start] + edit.replacement.encode() + data[edit.end :]
         return data
+
+
+# ------------------------------------------------------------------------------ definitions
+# A name defined twice is Python's last definition: the class body (or module) runs top to
+# bottom and each ``def`` / ``class`` rebinds the name. Every locator judges, patches and
+# hooks that one; where other code binds the name last (an ``if`` / ``try`` around a
+# definition, an assignment, an import), which one runs is not in the source: ``Unclear``.
+
+
+class Unclear(Exception):
+    """Which definition of a name Python keeps is not clear from the source (the locators make
+    that member ``cannot_tell``, with this message as the reason)."""
+
+
+def _binds(stmt: ast.stmt, name: str) -> bool:
+    """Does running ``stmt`` bind ``name`` in its own scope (not in a nested function's)?"""
+    todo = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == name:
+                return True
+            continue  # its body runs in a scope of its own
+        if isinstance(node, (ast.Lambda, ast.comprehension)):
+            continue
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, (ast.Store, ast.Del)):
+            return True
+        if isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name:
+            return True
+        if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name == name:
+            return True
+        todo.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def _same_object(stmt: ast.stmt, name: str) -> bool:
+    """``name = name``: the same object again (0.5.14 dsa_backend.py:2765-2766 keep such lines
+    as "backward-compat aliases" of a renamed class)."""
+    return (
+        isinstance(stmt, ast.Assign)
+        and isinstance(stmt.value, ast.Name)
+        and stmt.value.id == name
+        and all(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
+    )
+
+
+def kept(body: list, name: str, kind: type):
+    """The definition of ``name`` (an ``ast.ClassDef`` or ``ast.FunctionDef``, ``kind``) that
+    Python keeps once ``body`` (a module's or a class's) has run: the last statement binding the
+    name, where that statement is such a definition. None where nothing binds the name;
+    ``Unclear`` where other code binds it last."""
+    binding = [stmt for stmt in body if _binds(stmt, name) and not _same_object(stmt, name)]
+    if not binding:
+        return None
+    last = binding[-1]
+    if isinstance(last, kind) and last.name == name:
+        return last
+    raise Unclear(
+        f"line {last.lineno} binds `{name}` after (or instead of) its definition: which one Python "
+        "keeps is not in the source"
+    )
+
+
+def kept_method(module: ast.Module, cls: ast.ClassDef, name: str):
+    """The method ``cls.name`` Python keeps (``kept`` over the class body), or None. ``Unclear``
+    also where the module assigns ``<class>.<name>`` itself."""
+    line = _attribute_stores(module).get((cls.name, name))
+    if line is not None:
+        raise Unclear(f"line {line} rebinds `{cls.name}.{name}`: which one runs is not in the source")
+    return kept(cls.body, name, ast.FunctionDef)
+
+
+def _attribute_stores(module: ast.Module) -> dict:
+    """{(name, attribute): line} of each ``<name>.<attribute> = ...`` (or ``del``) in the module,
+    found once per parsed tree (kept on its node, as ``graph_tables`` keeps its matches)."""
+    if "_sglang_dsa_fix_attribute_stores" not in module.__dict__:
+        module.__dict__["_sglang_dsa_fix_attribute_stores"] = {
+            (node.value.id, node.attr): node.lineno
+            for node in ast.walk(module)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, (ast.Store, ast.Del))
+            and isinstance(node.value, ast.Name)
+        }
+    return module.__dict__["_sglang_dsa_fix_attribute_stores"]
+
+
+def first_line(node) -> int:
+    """The line a definition's code object starts at (``co_firstlineno``): its first decorator's."""
+    return node.decorator_list[0].lineno if node.decorator_list else node.lineno

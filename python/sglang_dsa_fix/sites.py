@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import release, width
+from sglang_dsa_fix import release, width, width_source
 from sglang_dsa_fix.errors import ToolError
-from sglang_dsa_fix.pysource import byte_offset, lines_above, parse
+from sglang_dsa_fix.pysource import Unclear, byte_offset, kept, kept_method, lines_above, parse
 from sglang_dsa_fix.snapshot import TreeFiles
 from sglang_dsa_fix.verdicts import Bug
 
@@ -86,6 +85,7 @@ class Site:
     affected_when: str = ""  # a pristine form: at which configurations it is affected
     unknown: str = ""  # a form this tool cannot judge: why (verdict "cannot tell")
     legacy: bool = False  # carries an older form of this tool's change (revert, then apply)
+    marked = True  # (not a field) the change carries this tool's comment: the file tells it apart
 
     def patched_bytes(self) -> bytes:
         data = self.data
@@ -138,24 +138,9 @@ def _page_table_allocations(method: ast.FunctionDef) -> list:
     return calls
 
 
-def _class(module: ast.Module, name: str) -> Optional[ast.ClassDef]:
-    return next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name), None)
-
-
-def _method(cls: ast.ClassDef, name: str) -> Optional[ast.FunctionDef]:
-    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-
-
-def _resolves_to_pool_width(expr: str, method_text: bytes) -> bool:
-    if expr == width.PAGE_TABLE_WIDTH_EXPR:
-        return True
-    # 0.5.15+: ``max_ctx_len = self.req_to_token.shape[1]`` then ``max_ctx_len`` (dsa_backend.py:1119).
-    if not re.fullmatch(r"[A-Za-z_]\w*", expr):
-        return False
-    assign = (
-        rb"^\s*" + expr.encode() + rb"\s*=\s*" + re.escape(width.PAGE_TABLE_WIDTH_EXPR.encode()) + rb"\s*$"
-    )
-    return re.search(assign, method_text, re.MULTILINE) is not None
+def unclear_site(bug: Bug, path: Path, data: bytes, why: str) -> Site:
+    """A site this tool cannot judge (``unknown``: cannot tell), and so never patches."""
+    return Site(bug, path, data, 0, 0, 0, 0, (), "", "", patched_here=False, unknown=why)
 
 
 def backend_file(files: TreeFiles):
@@ -181,8 +166,11 @@ def page_table_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[
     layout, path = found
     data = files.data(layout.relative_path) if data is None else data
     module = parse(path, data)
-    cls = _class(module, layout.class_name)
-    method = cls and _method(cls, "init_cuda_graph_state")
+    try:
+        cls = kept(module.body, layout.class_name, ast.ClassDef)
+        method = cls and kept_method(module, cls, "init_cuda_graph_state")
+    except Unclear as exc:
+        return unclear_site(Bug.PAGE_TABLE, path, data, f"{layout.class_name}.init_cuda_graph_state: {exc}")
     if method is None:
         raise ToolError(f"{path}: not recognised: {layout.class_name}.init_cuda_graph_state not found")
     calls = _page_table_allocations(method)
@@ -197,10 +185,12 @@ def page_table_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[
     start = byte_offset(lines, arg.lineno, arg.col_offset)
     end = byte_offset(lines, arg.end_lineno, arg.end_col_offset)
     found_expr = data[start:end].decode("utf-8", "replace")
-    method_text = data[byte_offset(lines, method.lineno, 0) : start]
     patched_here = found_expr == width.PAGE_TABLE_WIDTH_EXPR and lines_above(
         lines, arg.lineno, len(PAGE_TABLE_COMMENT)
     ) == list(PAGE_TABLE_COMMENT)
+    # sglang's own width, by what it evaluates to (0.5.15+: ``max_ctx_len =
+    # self.req_to_token.shape[1]`` then ``max_ctx_len``, dsa_backend.py:1119).
+    judged = width_source.judge(arg, cls, method, width_source.TOKENS)
     return Site(
         bug=Bug.PAGE_TABLE,
         path=path,
@@ -213,7 +203,11 @@ def page_table_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[
         replacement=width.PAGE_TABLE_WIDTH_EXPR,
         found=found_expr,
         patched_here=patched_here,
-        fixed_upstream=not patched_here and _resolves_to_pool_width(found_expr, method_text),
+        fixed_upstream=not patched_here and judged == width_source.HOLDS,
+        unknown=""
+        if patched_here or judged != width_source.UNKNOWN
+        else f"the graph page_table's width `{found_expr}` does not evaluate from "
+        f"{layout.class_name}'s own code: this tool cannot tell whether it holds req_to_token's row",
     )
 
 
@@ -242,7 +236,10 @@ def row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[Site]:
     data = read if data is None else data
     module = parse(path, data)
     functions = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
-    function = functions.get(release.ROW_SIZING_FUNCTION)
+    try:
+        function = kept(module.body, release.ROW_SIZING_FUNCTION, ast.FunctionDef)
+    except Unclear as exc:
+        return unclear_site(Bug.ROW_OVERFLOW, path, data, f"{release.ROW_SIZING_FUNCTION}: {exc}")
     last = function.body[-1] if function and function.body else None
     if (
         release.RESERVE_FUNCTION not in functions
