@@ -1,4 +1,4 @@
-"""Each member judged by what the code Python runs computes (issue 34, items 5 and 6).
+"""Each member judged by what the code Python runs computes (issue 34, items 5, 6 and 8).
 
 - upstream's own fix, however spelt (the rule's ``self.req_to_token.shape[1]``, an attribute set
   from the row in ``__init__``, a helper method, a property), is ``fixed_upstream`` and left
@@ -6,6 +6,8 @@
   this tool cannot evaluate is ``cannot_tell``, never patched;
 - a class or method defined twice is judged, patched and hooked in the definition Python keeps
   (the last); where other code binds the name last, ``cannot_tell``;
+- the older TRT-LLM MLA form of this tool's change (block tables only) is no protection where
+  the verify mask it left is reached.
 
 The fixed forms are made here by editing a copy of the installed release's own files.
 """
@@ -17,9 +19,10 @@ import unittest
 
 from helpers import PatchToolTestCase
 
-from sglang_dsa_fix import classify, graph_tables, live_edit, plugin, release, tree
+from sglang_dsa_fix import bugs, classify, graph_tables, live_edit, plugin, release, tree
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
+ROW = b"self.req_to_token.shape[1]"
 POOL = b"self.req_to_token = model_runner.req_to_token_pool.req_to_token\n"
 FA3_CLASS = release.FA3_LAYOUT.class_name
 
@@ -309,6 +312,43 @@ class TestTheDefinitionPythonKeeps(FormsTestCase):
         for (_, name), function in replaced.items():
             self.assertEqual(function.__code__.co_firstlineno, vars(kept_class)[name].__code__.co_firstlineno)
             self.assertNotEqual(function.__code__, vars(kept_class)[name].__code__)
+
+
+class TestTheOlderMlaForm(FormsTestCase):
+    """Item 8 (last clause): this tool's earlier TRT-LLM MLA change (block tables only, the
+    verify mask as sglang wrote it) is no protection where that mask is reached."""
+
+    MASK = release.VERIFY_MASK_EXPR.encode()
+
+    def test_it_is_affected_where_the_mask_is_reached(self):
+        path = self.package / graph_tables.LAYOUTS[Bug.TRTLLM_MLA_KV_INDICES].relative_path
+        if not path.exists() or self.MASK not in path.read_bytes():
+            self.skipTest("no TRT-LLM MLA verify mask sized from context_len in this release")
+        self.assertEqual(self.cli("apply")[0], 0)
+        fixed_mask = self.MASK.replace(b"self.max_context_len", ROW)
+        path.write_bytes(path.read_bytes().replace(fixed_mask, self.MASK))  # the earlier form
+        files = classify.read_tree(tree.find_tree(str(self.tmp)))
+        state = next(s for s in files.states if s.bug is Bug.TRTLLM_MLA_KV_INDICES)
+        self.assertEqual((state.verdict, state.site.legacy), (Verdict.FIXED_IN_TREE, True))
+        config = {
+            "speculative_algorithm": "EAGLE",
+            "speculative_num_draft_tokens": 8,
+            "context_length": 256,
+            "page_size": 1,
+            "attention_backend": "trtllm_mla",
+        }
+        resolved = {
+            "basis": "sglang",
+            "configuration": config,
+            "widths": {"row_extra": 20, "decode_reserve": 16, "alloc_page_size": 1},
+        }
+        entries, code = bugs.judge(files, tree.plugin_report(files.files, False), resolved)
+        mla = next(e for e in entries if e["bug"] == Bug.TRTLLM_MLA_KV_INDICES.value)
+        at = mla["at_configuration"]
+        # D * (C + D) cells a request as sglang sized it; D * (s + D) written at s = C + D - 4.
+        self.assertEqual((at["verify_mask_cells_per_request"], at["verify_mask_cells_needed"]), (2112, 2144))
+        self.assertEqual((mla["state"], code), ("affected", 1))
+        self.assertIn("older form", mla["advice"])
 
 
 if __name__ == "__main__":

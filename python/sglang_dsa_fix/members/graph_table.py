@@ -162,9 +162,11 @@ def rule_for(layout):
             # The verify tree mask (TRT-LLM MLA 0.5.13 - 0.5.16, FlashMLA 0.5.16): D * (C + D)
             # cells a request; the tree builder writes D * (s + D) a request, with every request
             # of the largest captured batch at the longest verify's s
-            # (test/srt/test_graph_tables_mla_mask.py).
+            # (test/srt/test_graph_tables_mla_mask.py). Sized from context_len whatever the
+            # verdict: the file still holds sglang's expression (this tool's earlier form, block
+            # tables only, is "fixed in-tree" and leaves it so).
             s = width.verify_seq_len_bound(C, D, inputs["overlap"])
-            cells, needed, with_fix = D * ((pool if fixed else C) + D), D * (s + D), D * (pool_with_fix + D)
+            cells, needed, with_fix = D * (C + D), D * (s + D), D * (pool_with_fix + D)
             out.update(
                 verify_mask_cells_per_request=cells,
                 verify_mask_cells_needed=needed,
