@@ -293,8 +293,8 @@ def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> EditSite:
     pending = {e.kind for e in edits if not e.done}
     legacy = bool(pending) and pending <= set(LATER_KINDS)
     patched_here = legacy or not pending
-    judged = {width_source.judge(local.value, cls, method, PAGES)}
-    judged |= {width_source.judge(node, cls, scope, unit) for _, node, scope, unit in widths}
+    # Each width where it is used (a table's ``max_num_pages`` through the local).
+    judged = {width_source.judge(node, cls, scope, unit) for _, node, scope, unit in widths}
     local_text = _text(data, lines, local.value)[2]
     unknown = ""
     if not patched_here and width_source.NARROW not in judged and width_source.UNKNOWN in judged:
