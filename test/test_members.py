@@ -2,6 +2,7 @@
 installed release (the release matrix holds it to every other release it reads), and a member
 missing any one obligation fails it."""
 
+import ast
 import dataclasses
 import re
 import unittest
@@ -10,7 +11,7 @@ from unittest import mock
 
 from helpers import INSTALLED
 
-from sglang_dsa_fix import members
+from sglang_dsa_fix import members, sites
 from sglang_dsa_fix.members import HookPlan
 from sglang_dsa_fix.proof import contract
 from sglang_dsa_fix.verdicts import Bug
@@ -81,6 +82,29 @@ class TestAMemberMissingAnObligationFails(unittest.TestCase):
         locate = members.of(Bug.ROW_OVERFLOW).locate
         member = _without(Bug.ROW_OVERFLOW, locate=lambda files, data=None: locate(files))
         self.assertFails(member, "not recognised as applied")
+
+    def test_a_locator_blind_to_upstream_s_own_spelling(self):
+        locate = members.of(Bug.PAGE_TABLE).locate
+
+        def blind(files, data=None):
+            site = locate(files, data)
+            return site and dataclasses.replace(site, fixed_upstream=False)
+
+        member = _without(Bug.PAGE_TABLE, locate=blind)
+        registry = [member if m.bug is member.bug else m for m in members.registry()]
+        with mock.patch.object(members, "_REGISTRY", registry):  # (check asks the registry)
+            self.assertFails(member, "not fixed_upstream")
+
+    def test_a_locator_that_judges_the_first_definition(self):
+        # What every locator did before ``pysource.kept``: the first class / method of the name.
+        def first(body, name, kind):
+            return next((n for n in body if isinstance(n, kind) and n.name == name), None)
+
+        def first_method(module, cls, name):
+            return first(cls.body, name, ast.FunctionDef)
+
+        with mock.patch.object(sites, "kept", first), mock.patch.object(sites, "kept_method", first_method):
+            self.assertFails(members.of(Bug.PAGE_TABLE), "not affected")
 
     def test_a_title_that_is_not_the_family_s(self):
         self.assertFails(_without(Bug.FLASHMLA_KV_INDICES, title="FlashMLA"), "title")

@@ -136,6 +136,12 @@ class EditSite:
         done = all(e.done for e in self.edits)
         return dataclasses.replace(self, patched_here=False, legacy=False, fixed_upstream=done)
 
+    def unmarked_bytes(self) -> bytes:
+        """The change as upstream would write it: without this tool's ``comment`` edits."""
+        return dataclasses.replace(
+            self, edits=tuple(e for e in self.edits if e.kind != "comment")
+        ).patched_bytes()
+
     def of(self, kind: str) -> list:
         return [e for e in self.edits if e.kind == kind]
 
@@ -235,3 +241,17 @@ def _attribute_stores(module: ast.Module) -> dict:
 def first_line(node) -> int:
     """The line a definition's code object starts at (``co_firstlineno``): its first decorator's."""
     return node.decorator_list[0].lineno if node.decorator_list else node.lineno
+
+
+def live_nodes(module: ast.Module):
+    """Every node of ``module`` but those inside a definition that a later one of the same name
+    replaces (in the module or a class body): the code Python keeps, for a locator that walks."""
+    replaced = []
+    for owner in (module, *(n for n in ast.walk(module) if isinstance(n, ast.ClassDef))):
+        defs = [n for n in owner.body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+        replaced += [d for i, d in enumerate(defs) if any(e.name == d.name for e in defs[i + 1 :])]
+    spans = [(first_line(d), d.end_lineno) for d in replaced]
+    for node in ast.walk(module):
+        line = getattr(node, "lineno", None)
+        if line is None or not any(start <= line <= end for start, end in spans):
+            yield node

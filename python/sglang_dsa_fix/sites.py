@@ -30,7 +30,7 @@ from typing import Optional
 
 from sglang_dsa_fix import release, width, width_source
 from sglang_dsa_fix.errors import ToolError
-from sglang_dsa_fix.pysource import Unclear, byte_offset, kept, kept_method, lines_above, parse
+from sglang_dsa_fix.pysource import Unclear, byte_offset, kept, kept_method, lines_above, live_nodes, parse
 from sglang_dsa_fix.snapshot import TreeFiles
 from sglang_dsa_fix.verdicts import Bug
 
@@ -86,6 +86,11 @@ class Site:
     unknown: str = ""  # a form this tool cannot judge: why (verdict "cannot tell")
     legacy: bool = False  # carries an older form of this tool's change (revert, then apply)
     marked = True  # (not a field) the change carries this tool's comment: the file tells it apart
+
+    def unmarked_bytes(self) -> bytes:
+        """The change as upstream would write it: without this tool's comment lines."""
+        code = tuple(line for line in self.comment if not line.startswith("#"))
+        return dataclasses.replace(self, comment=code).patched_bytes()
 
     def patched_bytes(self) -> bytes:
         data = self.data
@@ -418,7 +423,8 @@ def inline_row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[
     comment = row_comment(f"2 * {release.INLINE_ALLOC_FUNCTION}()")
     ours = f"{variable} = max({variable}, 2 * "  # this form and the older margin form
     lines = data.splitlines(keepends=True)
-    for body in (n.body for n in ast.walk(parse(path, data)) if isinstance(getattr(n, "body", None), list)):
+    module = parse(path, data)
+    for body in (n.body for n in live_nodes(module) if isinstance(getattr(n, "body", None), list)):
         for i, node in enumerate(body):
             grows = (
                 isinstance(node, ast.If)
@@ -435,7 +441,10 @@ def inline_row_site(files: TreeFiles, data: Optional[bytes] = None) -> Optional[
             if not after:
                 continue
             found = f"{variable} += …"
-            return _row_statement_before(path, data, after[0], comment, replacement, found, hookable=False)
+            site = _row_statement_before(path, data, after[0], comment, replacement, found, hookable=False)
+            # The same statement without this tool's comment: sglang's own (it holds 2·A).
+            held = any(_source_line(lines, n) == replacement for n in body[i + 1 :])
+            return dataclasses.replace(site, fixed_upstream=held and not site.patched_here)
     return None
 
 

@@ -10,7 +10,10 @@ contract), driving the real flow on a disposable copy of the release's files (``
 - the tree: with no site, ``not_applicable`` (its ``absent`` text) or ``cannot_tell`` (its
   ``unjudged`` text); affected, its change alone written as ``apply`` writes it (the file and
   its backup) reads ``fixed_in_tree``, applying it again changes nothing, and ``revert``
-  restores the file byte for byte;
+  restores the file byte for byte; the same change as upstream would spell it (no comment of
+  this tool's, no backup) reads ``fixed_upstream`` and ``apply`` leaves it; with the changed
+  definition defined again after it as sglang wrote it, the member reads ``affected`` and
+  ``apply`` changes that last definition (the one Python keeps) only;
 - the plugin: for an affected, hookable site, a hook on an sglang target (an AFTER body or the
   methods it replaces), and ``plugin.decide`` plans the member;
 - the rule: at every point of ``GRID`` (algorithms, topk, page sizes, backends) an answer:
@@ -22,12 +25,14 @@ watch kind to a member (or to the kinds the watch counts beyond the rules).
 
 from __future__ import annotations
 
+import ast
 import itertools
 import shutil
 import tempfile
 from pathlib import Path
 
-from sglang_dsa_fix import classify, members, release, snapshot, source_patch, tree, watch, width
+from sglang_dsa_fix import classify, members, pysource, release, snapshot, source_patch, tree, watch, width
+from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NGRAM", "DFLASH", "STANDALONE", "A_FUTURE_ALGORITHM", None)
@@ -134,6 +139,65 @@ def _tree(member, sglang) -> list:
     source_patch.revert(sglang)
     if site.path.read_bytes() != site.data:
         out.append("revert does not restore its file byte for byte")
+        return out
+    return out + _upstream_spelling(member, sglang, site) + _kept_definition(member, sglang, site)
+
+
+def _written(sglang, site, data: bytes, member) -> tuple:
+    """(its state with ``data`` in its file, no backup; the file after ``apply``, or the error
+    apply / revert stopped with), the tree restored after."""
+    site.path.write_bytes(data)
+    try:
+        state = _state(sglang, member.bug)
+        source_patch.apply(sglang)
+        after = site.path.read_bytes()
+        source_patch.revert(sglang)  # (the other members' changes)
+    except ToolError as exc:
+        after = f"apply / revert refused: {exc}"
+    finally:
+        site.path.write_bytes(site.data)
+        site.path.with_name(site.path.name + tree.BACKUP_SUFFIX).unlink(missing_ok=True)
+    return state, after
+
+
+def _upstream_spelling(member, sglang, site) -> list:
+    """Its change as upstream would spell it (without this tool's comment), no backup beside
+    it: sglang's own fix, ``fixed_upstream``, which ``apply`` leaves as it is."""
+    fixed = site.unmarked_bytes()
+    state, after = _written(sglang, site, fixed, member)
+    out = []
+    if state.verdict is not Verdict.FIXED_UPSTREAM:
+        out.append(
+            f"its change in upstream's spelling (no comment, no backup): {state.verdict.value}, not fixed_upstream"
+        )
+    if after != fixed:
+        out.append(after if isinstance(after, str) else "apply changes upstream's own fix")
+    return out
+
+
+def _kept_definition(member, sglang, site) -> list:
+    """The definition holding its site, changed, then defined again as sglang wrote it: Python
+    keeps the second, so the member is ``affected`` and ``apply`` changes the second only."""
+    module = ast.parse(site.data)
+    top = next(
+        (n for n in module.body if hasattr(n, "name") and n.lineno <= site.lineno <= n.end_lineno), None
+    )
+    if top is None:
+        return []
+    lines = site.data.splitlines(keepends=True)
+    first = pysource.first_line(top)
+    patched = site.patched_bytes()
+    data = patched + b"\n\n" + b"".join(lines[first - 1 : top.end_lineno])
+    state, after = _written(sglang, site, data, member)
+    out = []
+    if state.verdict is not Verdict.AFFECTED:
+        out.append(
+            f"a pristine {top.name} defined after the changed one: {state.verdict.value}, not affected"
+        )
+    if isinstance(after, str):
+        out.append(after)
+    elif after[: len(patched)] != patched or after == data:
+        out.append(f"with {top.name} defined twice, apply does not change the definition Python keeps")
     return out
 
 
