@@ -31,6 +31,7 @@ import os
 import pkgutil
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -144,6 +145,9 @@ def measure(backend: str, args, work: Path) -> dict:
     os.environ.update(env)
     os.environ[DIRECTORY_ENV] = str(counts)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    # multiprocessing's spawn hands the scheduler this process's sys.path, not PYTHONPATH's: the
+    # plugin's entry point is found there only if the site dir is on it here.
+    sys.path.insert(0, str(site))
     engine = sglang.Engine(**kwargs)
     try:
         loop = asyncio.get_event_loop()

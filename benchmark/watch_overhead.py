@@ -158,6 +158,8 @@ def per_step(hooks: dict, installed: list, step: dict | None) -> dict:
     if step is None:
         return {"added_us_per_decode_step": None, "share_of_step": None, "untimed_calls": None}
     calls = step["calls_per_step"]
+    if not set(hooks) <= set(calls):  # the counting plugin did not run in the scheduler: unknown
+        return {"added_us_per_decode_step": None, "share_of_step": None, "untimed_calls": None}
     untimed = {kind: n for kind, n in calls.items() if n and kind not in hooks}
     added = sum(calls.get(kind, 0) * timing["added_us_median"] for kind, timing in hooks.items())
     share = added / (step["step_ms"] * 1000) if step["step_ms"] else None
@@ -202,6 +204,9 @@ def main(argv=None) -> int:
         report(row)
     if args.smoke:
         print("SMOKE RUN on CPU (Triton interpreter, no engine): the times above are not figures")
+    uncounted = [r["batch_size"] for r in rows if r["decode_step"] and r["share_of_step"] is None]
+    if uncounted and not error and not args.smoke:
+        error = f"no call counts from the engine at bs {uncounted} (the counting plugin did not run there)"
     if error:
         print(f"watch_overhead: the decode step was not measured: {error}", file=sys.stderr)
     if args.output_file:
