@@ -1,11 +1,13 @@
 """Bug #3: FlashAttention (FA3 / FA4)'s CUDA-graph page tables, ``ceil(context_len / page)``
 wide, which a verify or draft decode near the context limit outgrows (upstream #34239; every
-release 0.5.4 - 0.5.23). Its rule and runtime fix are ``fa3_width``'s, its in-tree change
-``fa3_sites``'."""
+release 0.5.4 - 0.5.23). One unit: the member (here), its tables' widths and runtime fix
+(``tables``), where its in-tree change goes (``sites``)."""
 
 from __future__ import annotations
 
-from sglang_dsa_fix import fa3_sites, fa3_width, release, width
+import sglang_dsa_fix.members.fa3.sites as fa3_sites
+import sglang_dsa_fix.members.fa3.tables as fa3_width
+from sglang_dsa_fix import release, width
 from sglang_dsa_fix.members import ALREADY_WIDE, HookPlan, Member
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
