@@ -173,7 +173,8 @@ def _row_lines(at: dict, where: str) -> list:
     """A request's req_to_token row against its decode reservation, and --prove's measurement."""
     verdict = (
         f"the last decode reservation writes up to {at['columns_past_row_end']} column(s) into the next "
-        "request's row"
+        "request's row (the worst case: a decode step with the request's committed length at "
+        "context_len - 4)"
         if at["reachable"]
         else "no write past the row end"
     )
