@@ -49,7 +49,9 @@ class TestJudge(unittest.TestCase):
                     self.assertIs(state, State.NOT_REACHABLE)
                 elif fixable and plugin_fixes and fix_holds:
                     self.assertIs(state, State.PROTECTED_BY_PLUGIN)
-                elif verdict in (Verdict.FIXED_IN_TREE, Verdict.FIXED_UPSTREAM) and reachable:
+                elif verdict in (Verdict.FIXED_IN_TREE, Verdict.FIXED_UPSTREAM) and (
+                    reachable or (reachable is None and not fix_holds)
+                ):
                     # The files carry the change, but at this configuration it does not hold.
                     self.assertIs(state, State.AFFECTED)
                 else:

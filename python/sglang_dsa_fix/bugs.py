@@ -24,7 +24,9 @@ def judge(files, plugin_info: dict, resolved: Optional[dict]) -> tuple:
 def _entry(state, plugin_info: dict, form: Form, resolved: Optional[dict]) -> dict:
     entry = state.to_dict()
     plugin_fixes = plugin_info["live"] and state.site is not None and state.site.hookable
-    reachable, fix_holds = None, True
+    # An older form of this tool's change holds only part of the width (its member's `legacy`
+    # text says what): without a configuration's numbers, that is no fix.
+    reachable, fix_holds = None, not (state.site is not None and state.site.legacy)
     if resolved is not None and state.site is not None and state.verdict is not Verdict.NOT_COVERED:
         at = members.at_configuration(state.bug, state.verdict, state.site.found, form, resolved)
         entry["at_configuration"] = at

@@ -116,15 +116,20 @@ def judge(
     ``reachable``: None without a configuration; False when the configuration cannot hit the bug
     (for a tree fixed in-tree: when the patched code holds it). ``fix_holds``: the fix's width
     covers what this configuration needs (False: it would still write past the row end, so it
-    is no protection here).
+    is no protection here); without a configuration, False where the files hold an older,
+    partial form of the change (``Site.legacy``).
     """
     if verdict in (Verdict.AFFECTED, Verdict.STALE_BYTECODE):
         if reachable is False:
             return State.NOT_REACHABLE
         if plugin_fixes and fix_holds:
             return State.PROTECTED_BY_PLUGIN
-    if verdict in (Verdict.FIXED_IN_TREE, Verdict.FIXED_UPSTREAM) and reachable:
-        return State.AFFECTED  # the files' own width does not hold this configuration
+    if verdict in (Verdict.FIXED_IN_TREE, Verdict.FIXED_UPSTREAM) and (
+        reachable or (reachable is None and not fix_holds)
+    ):
+        # The files' own width does not hold this configuration, or (no configuration) the
+        # change in the files is an older, partial form of this tool's: affected somewhere.
+        return State.AFFECTED
     return _FROM_VERDICT[verdict]
 
 

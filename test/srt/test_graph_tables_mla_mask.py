@@ -471,8 +471,10 @@ class TestEarlierFormRevertsThenApplies(_CASE or unittest.TestCase):
             self.assertNotEqual(path.read_bytes(), original)  # the block table's edits
             self.assertTrue(pristine in path.read_bytes(), path)  # the mask as sglang wrote it
         rc, out, err = self.cli("check", "-v")
-        self.assertEqual(rc, 0, (out, err))
+        # The mask is as sglang wrote it: an older, partial change is no fix (issue 34 item 8).
+        self.assertEqual(rc, 1, (out, err))
         self.assertIn("an earlier sglang-dsa-fix form of this change", out)
+        self.assertIn("run `sglang-dsa-fix revert`, then `sglang-dsa-fix apply`", out.splitlines()[0])
         self.assertEqual(self.cli("revert")[0], 0)
         for path, original in files.items():
             self.assertEqual(path.read_bytes(), original)
@@ -480,4 +482,5 @@ class TestEarlierFormRevertsThenApplies(_CASE or unittest.TestCase):
         for path in files:
             self.assertTrue(fixed in path.read_bytes(), path)
         rc, out, _ = self.cli("check", "-v")
+        self.assertEqual(rc, 0, out)
         self.assertNotIn("an earlier sglang-dsa-fix form", out)
