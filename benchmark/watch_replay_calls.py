@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import inspect
 from types import SimpleNamespace
 
 
@@ -149,46 +148,11 @@ def verify_input(bs: int, D: int, device: str):
     )
 
 
-def _replay_view(bs: int, seq_lens, D: int, spec_info, device: str):
-    """The decode runner's replay view (its own build_replay_fb_view, whatever its signature)."""
-    import torch
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
-
-    n, mode = bs * D, _mode("TARGET_VERIFY")
-    lens = torch.tensor(seq_lens, dtype=torch.int64, device=device)
-    buffers = Fields(
-        input_ids=torch.zeros(n, dtype=torch.int64, device=device),
-        positions=torch.zeros(n, dtype=torch.int64, device=device),
-        req_pool_indices=torch.arange(1, bs + 1, dtype=torch.int64, device=device),
-        seq_lens=lens,
-        seq_lens_cpu=lens.cpu(),
-        encoder_lens=None,
-    )
-    batch = Fields(
-        forward_mode=mode,
-        seq_lens_sum=int(sum(seq_lens)),
-        seq_lens_cpu=lens.cpu(),
-        spec_info=spec_info,
-        out_cache_loc=torch.zeros(n, dtype=torch.int64, device=device),
-    )
-    given = dict(
-        forward_batch=batch,
-        buffers=buffers,
-        bs=bs,
-        raw_bs=bs,
-        num_tokens=n,
-        global_num_tokens_cpu=None,
-        seq_len_fill_value=1,
-        capture_forward_mode=mode,
-        is_encoder_decoder=False,
-    )
-    names = inspect.signature(build_replay_fb_view).parameters
-    return build_replay_fb_view(**{k: v for k, v in given.items() if k in names})
-
-
 def triton_replay(target: str, bs: int, context_len: int, D: int, device: str):
     """(method, args, kwargs, context) of a Triton TARGET_VERIFY replay."""
     import torch
+
+    from sglang_dsa_fix.proof.fa3_backend import replay_view  # the decode runner's replay view
 
     backend = triton_backend(bs, context_len, D, device)
     spec = verify_input(bs, D, device)
@@ -207,7 +171,7 @@ def triton_replay(target: str, bs: int, context_len: int, D: int, device: str):
     )
     backend.init_forward_metadata_out_graph(capture, in_capture=True)
     seq_lens = [max(1, context_len - 2 * D - i % 3) for i in range(bs)]
-    view = _replay_view(bs, seq_lens, D, spec, device)
+    view = replay_view("TARGET_VERIFY", seq_lens, D, spec, device)
     call = recorded_call(target, lambda: backend.init_forward_metadata_out_graph(view))
     return (*call, contextlib.nullcontext)
 

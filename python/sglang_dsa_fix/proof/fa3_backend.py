@@ -238,7 +238,7 @@ def capture_fields(mode_name: str, bs: int, tokens_per_req: int, spec_info=None)
     )
 
 
-def replay_view(mode_name: str, seq_lens: list, tokens_per_req: int, spec_info=None):
+def replay_view(mode_name: str, seq_lens: list, tokens_per_req: int, spec_info=None, device: str = "cpu"):
     """The decode cuda-graph runner's replay view (its own build_replay_fb_view, whatever its
     signature: 0.5.23 adds global_num_tokens_cpu) of a batch whose row b is pool row b + 1."""
     try:
@@ -247,22 +247,22 @@ def replay_view(mode_name: str, seq_lens: list, tokens_per_req: int, spec_info=N
         from sglang.srt.model_executor.cuda_graph_runner import build_replay_fb_view
 
     bs = len(seq_lens)
-    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    lens = torch.tensor(seq_lens, dtype=torch.int64, device=device)
     n = bs * tokens_per_req
     buffers = Fields(
-        input_ids=torch.zeros(n, dtype=torch.int64),
-        positions=torch.zeros(n, dtype=torch.int64),
-        req_pool_indices=torch.arange(1, bs + 1, dtype=torch.int64),
+        input_ids=torch.zeros(n, dtype=torch.int64, device=device),
+        positions=torch.zeros(n, dtype=torch.int64, device=device),
+        req_pool_indices=torch.arange(1, bs + 1, dtype=torch.int64, device=device),
         seq_lens=lens,
-        seq_lens_cpu=lens.clone(),
+        seq_lens_cpu=lens.cpu(),
         encoder_lens=None,
     )
     batch = Fields(
         forward_mode=mode(mode_name),
         seq_lens_sum=int(lens.sum()),
-        seq_lens_cpu=lens.clone(),
+        seq_lens_cpu=lens.cpu(),
         spec_info=spec_info,
-        out_cache_loc=torch.zeros(n, dtype=torch.int64),
+        out_cache_loc=torch.zeros(n, dtype=torch.int64, device=device),
     )
     given = dict(
         forward_batch=batch,
