@@ -264,7 +264,9 @@ class TestFormsByBehaviour(StatusTestCase):
             old + b"    return extra\n\n\ndef alloc_token_slots",
         )
         row = self.bug(self.report("check"), "req_to_token_row")
-        self.assertEqual(row["state"], "fixed_in_tree")
+        # The files carry the change (tree_state), but an older, partial form of it: no fix.
+        self.assertEqual((row["tree_state"], row["state"]), ("fixed_in_tree", "affected"))
+        self.assertEqual(row["action"], "revert_then_apply")
         self.assertIn("older sglang-dsa-fix", row["detail"])
         self.cli("revert")
         self.assertEqual(self.sizing.read_bytes(), data)
