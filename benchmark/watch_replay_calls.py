@@ -124,35 +124,11 @@ def triton_backend(bs: int, context_len: int, D: int, device: str):
     return b
 
 
-def verify_input(bs: int, D: int, device: str):
-    """A real EagleVerifyInput (topk 1) of a target_verify batch of bs requests."""
-    import torch
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-    from sglang.srt.speculative.eagle_info import EagleVerifyInput
-
-    zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=device)  # noqa: E731
-    return EagleVerifyInput(
-        draft_token=zeros(bs * D),
-        custom_mask=torch.ones(bs * D * D, dtype=torch.bool, device=device),
-        positions=zeros(bs * D),
-        retrieve_index=zeros(bs, D),
-        retrieve_next_token=zeros(bs, D),
-        retrieve_next_sibling=zeros(bs, D),
-        retrieve_cum_len=None,
-        spec_steps=D - 1,
-        topk=1,
-        draft_token_num=D,
-        capture_hidden_mode=CaptureHiddenMode.FULL,
-        seq_lens_sum=0,
-        seq_lens_cpu=torch.zeros(bs, dtype=torch.int64),
-    )
-
-
 def triton_replay(target: str, bs: int, context_len: int, D: int, device: str):
     """(method, args, kwargs, context) of a Triton TARGET_VERIFY replay."""
     import torch
 
-    from sglang_dsa_fix.proof.fa3_backend import replay_view  # the decode runner's replay view
+    from sglang_dsa_fix.proof.fa3_backend import replay_view, verify_input
 
     backend = triton_backend(bs, context_len, D, device)
     spec = verify_input(bs, D, device)

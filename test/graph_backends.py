@@ -51,6 +51,7 @@ from sglang_dsa_fix.proof.fa3_backend import (  # noqa: F401
     init_assignment,
     replay_view,
     req_to_token_pool,
+    verify_input,
 )
 from sglang_dsa_fix.proof.fa3_backend import mode as _mode
 from sglang_dsa_fix.proof.fa3_replay import guarded
@@ -63,28 +64,6 @@ def past_the_end(buffer) -> torch.Tensor:
     """The owned memory just past a ``guarded`` buffer: the spare row, or the flat remainder."""
     base = buffer._base
     return base[buffer.shape[0] :]
-
-
-def verify_input(bs: int, D: int):
-    """A real EagleVerifyInput (topk 1) for a target_verify batch of bs requests."""
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-    from sglang.srt.speculative.eagle_info import EagleVerifyInput
-
-    return EagleVerifyInput(
-        draft_token=torch.zeros(bs * D, dtype=torch.int64),
-        custom_mask=torch.ones(bs * D * D, dtype=torch.bool),
-        positions=torch.zeros(bs * D, dtype=torch.int64),
-        retrieve_index=torch.zeros((bs, D), dtype=torch.int64),
-        retrieve_next_token=torch.zeros((bs, D), dtype=torch.int64),
-        retrieve_next_sibling=torch.zeros((bs, D), dtype=torch.int64),
-        retrieve_cum_len=None,
-        spec_steps=D - 1,
-        topk=1,
-        draft_token_num=D,
-        capture_hidden_mode=CaptureHiddenMode.FULL,
-        seq_lens_sum=0,
-        seq_lens_cpu=torch.zeros(bs, dtype=torch.int64),
-    )
 
 
 def capture(backend, mode: str, bs: int, tokens_per_req: int, spec_info=None) -> None:

@@ -238,6 +238,29 @@ def capture_fields(mode_name: str, bs: int, tokens_per_req: int, spec_info=None)
     )
 
 
+def verify_input(bs: int, D: int, device: str = "cpu"):
+    """A real EagleVerifyInput (topk 1) of a target_verify batch of bs requests, on ``device``."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=device)  # noqa: E731
+    return EagleVerifyInput(
+        draft_token=zeros(bs * D),
+        custom_mask=torch.ones(bs * D * D, dtype=torch.bool, device=device),
+        positions=zeros(bs * D),
+        retrieve_index=zeros(bs, D),
+        retrieve_next_token=zeros(bs, D),
+        retrieve_next_sibling=zeros(bs, D),
+        retrieve_cum_len=None,
+        spec_steps=D - 1,
+        topk=1,
+        draft_token_num=D,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        seq_lens_sum=0,
+        seq_lens_cpu=torch.zeros(bs, dtype=torch.int64),
+    )
+
+
 def replay_view(mode_name: str, seq_lens: list, tokens_per_req: int, spec_info=None, device: str = "cpu"):
     """The decode cuda-graph runner's replay view (its own build_replay_fb_view, whatever its
     signature: 0.5.23 adds global_num_tokens_cpu) of a batch whose row b is pool row b + 1."""
