@@ -193,6 +193,14 @@ def _capturing(device) -> bool:
 
 _KERNEL = None
 _ROW_CHECK_BLOCK = 128  # rows per program
+# (device, start dtype, end dtype, programs) -> the compiled kernel's own launcher. Triton's JIT
+# launch (binder, cache key, globals check: triton/runtime/jit.py JITFunction.run, 3.6 - 3.8) is
+# most of a row check's host time (about 16 us per call on the H100, benchmark/watch_overhead.py);
+# CompiledKernel[grid] (triton/compiler/compiler.py) launches the same kernel without it. The key
+# is everything the kernel is specialised on: the pointers' dtypes (not their alignment, see
+# do_not_specialize_on_alignment) and, for ints below 2**31, nothing.
+_LAUNCHES: dict = {}
+_INT32_LIMIT = 2**31
 
 
 def _row_check_kernel():
@@ -204,9 +212,13 @@ def _row_check_kernel():
         import triton
         import triton.language as tl
 
-        # No specialisation on the ints: a new batch size (or the other site's slot) must not
-        # compile a new variant in the middle of serving.
-        @triton.jit(do_not_specialize=["slot", "row_width", "batch_size"])
+        # No specialisation on the ints (a new batch size or the other site's slot must not
+        # compile a new variant in the middle of serving) nor on the pointers' alignment (a
+        # cached launcher must fit any view of the offsets).
+        @triton.jit(
+            do_not_specialize=["slot", "row_width", "batch_size"],
+            do_not_specialize_on_alignment=["start_ptr", "end_ptr", "counters_ptr"],
+        )
         def row_check(start_ptr, end_ptr, counters_ptr, slot, row_width, batch_size, BLOCK: tl.constexpr):
             site_counters = counters_ptr + slot * 3  # the site's row of [MAX_DEVICE_SITES, 3]
             offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -220,6 +232,22 @@ def _row_check_kernel():
 
         _KERNEL = row_check
     return _KERNEL
+
+
+def _launch_row_check(start_offset, end_offset, counters, slot: int, row_width: int, batch_size: int):
+    programs = -(-batch_size // _ROW_CHECK_BLOCK)
+    key = (end_offset.device, start_offset.dtype, end_offset.dtype, programs)
+    launch = _LAUNCHES.get(key) if row_width < _INT32_LIMIT else None
+    if launch is not None:
+        launch(start_offset, end_offset, counters, slot, row_width, batch_size, _ROW_CHECK_BLOCK)
+        return
+    compiled = _row_check_kernel()[(programs,)](
+        start_offset, end_offset, counters, slot, row_width, batch_size, BLOCK=_ROW_CHECK_BLOCK
+    )
+    # Under TRITON_INTERPRET (the CPU tier) there is no compiled kernel: every call takes the
+    # JIT path above.
+    if row_width < _INT32_LIMIT and callable(getattr(compiled, "__getitem__", None)):
+        _LAUNCHES[key] = compiled[(programs,)]
 
 
 def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) -> None:
@@ -243,10 +271,8 @@ def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) 
         site.width = row_width
     # Launched on the current device, as sglang launches the kernel it watches on these tensors.
     # The whole counters tensor and the site's row number: no view made per call (about 1.6 us).
-    counters = _counters(end_offset.device)
-    grid = (-(-batch_size // _ROW_CHECK_BLOCK),)
-    _row_check_kernel()[grid](
-        start_offset, end_offset, counters, site.slot, row_width, batch_size, BLOCK=_ROW_CHECK_BLOCK
+    _launch_row_check(
+        start_offset, end_offset, _counters(end_offset.device), site.slot, row_width, batch_size
     )
 
 

@@ -31,6 +31,34 @@ class TestWatchAddsNoSync(unittest.TestCase):
         self.assertEqual(counters[:2], [100, 600])
         self.assertEqual(counters[2], 306)
 
+    def test_compiled_launch_counts_as_the_jit_launch(self):
+        # After its first call per (device, dtypes, programs) the row check launches the compiled
+        # kernel directly (watch._LAUNCHES): every later call must count what a host reference
+        # counts, for both offset dtypes, views at odd offsets (no alignment assumed) and batch
+        # sizes of one to three programs.
+        site = watch.Site(watch.ROW_WRITE, "test.compiled", "req_to_token", slot=1)
+        generator = torch.Generator().manual_seed(0)
+        expected = [0, 0, 0]
+        device = torch.device("cuda", torch.cuda.current_device())
+        for dtype in (torch.int64, torch.int32):
+            for batch in (3, 130, 300):
+                for offset in (0, 1, 3):  # views starting 0, 1, 3 elements in
+                    pool = torch.zeros((batch, 50), dtype=torch.int32, device="cuda")
+                    start = torch.randint(0, 60, (batch + offset,), generator=generator)
+                    end = start + torch.randint(0, 9, (batch + offset,), generator=generator)
+                    rows = list(zip(start.tolist(), end.tolist()))[offset:]
+                    for _ in range(3):  # the first call takes the JIT path, the others not
+                        watch._check_rows(
+                            site, pool, start.to(dtype).cuda()[offset:], end.to(dtype).cuda()[offset:], batch
+                        )
+                        past = [max(0, e - max(s, 50)) for s, e in rows]
+                        expected[0] += sum(p > 0 for p in past)
+                        expected[1] += sum(past)
+                        expected[2] = max(expected[2], max(e for _, e in rows))
+                    self.assertIn((device, dtype, dtype, -(-batch // 128)), watch._LAUNCHES)
+        self.assertIsNone(site.failed)
+        self.assertEqual(watch._DEVICE_COUNTERS[device][1].tolist(), expected)
+
 
 if __name__ == "__main__":
     unittest.main()
