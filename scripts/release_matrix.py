@@ -31,9 +31,11 @@ Prints one row per release saying what ran, what was skipped and why; exits 1 on
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -618,79 +620,96 @@ def check_resolution(row: Row, site: Path | None) -> None:
                 )
 
 
+def run_release(case: Release, full: bool) -> Row:
+    """Every check of one release (one process: the matrix runs releases side by side)."""
+    print(f"sglang {case.version}", flush=True)
+    row = Row(case.version)
+    site = overlay(case.version)
+    tree = trees.find_tree(str(site) if site else None)
+    row.add("installed version", tree.version == case.version, str(tree.version))
+    check_patch_tool(row, case, tree)
+    check_members(row, tree)
+    base = case.version == BASE_VERSION
+    for name, reason, target in (
+        ("bug #1 CPU tier", case.cpu_tier, "test/srt/test_dsa_cuda_graph.py"),
+        ("bug #2 CPU tier", case.row_tier, "test/srt/test_row_overflow.py"),
+        ("bug #3 CPU tier", case.fa3_tier, "test/srt/test_fa3_cuda_graph.py"),
+        # Bug #3's other graph tables: each backend's measured verdict (reads past or not).
+        ("other backends' graph tables", case.fa3_tier, "test/srt/test_graph_tables_other_backends.py"),
+        ("triton / flashinfer flat buffers", case.fa3_tier, "test/srt/test_graph_tables_flat_buffers.py"),
+        (
+            "FA3 topk > 1 tables",
+            None if case.version in FA3_TOPK_RUN else FA3_TOPK_NOT_RUN,
+            "test/srt/test_fa3_topk_cuda_graph.py",
+        ),
+        # topk > 1 judged: FA3's and Triton's rules against the real backends (EAGLE 4 / 3 / 8, NGRAM).
+        (
+            "topk > 1 reach (FA3, Triton)",
+            None if case.version in FA3_TOPK_RUN else FA3_TOPK_NOT_RUN,
+            "test/srt/test_topk_reach.py",
+        ),
+        # TRT-LLM MLA / FlashMLA's verify tree mask: 0.5.13 - 0.5.16 sized from C, QLEN_ONLY after.
+        (
+            "MLA verify tree mask",
+            None if case.version in MLA_MASK_RUN else MLA_MASK_NOT_RUN,
+            "test/srt/test_graph_tables_mla_mask.py",
+        ),
+    ):
+        if base:
+            row.add(name, True, "run by the main test suite (base environment)")
+        elif reason is None:
+            run_pytest(row, name, site, target, full)
+        else:
+            row.add(name, True, f"skipped: {reason}")
+    if case.resolves:
+        check_resolution(row, site)
+        if site is not None and (site / "sglang/srt/speculative/uno_info.py").exists():  # UNO: 0.5.20+
+            check_uno_prove(row, site)
+    if case.spec_v1_case and site is not None:
+        check_spec_v1(row, site)
+    if case.dcp_resolves:
+        check_dcp_resolution(row, site, case.version)
+    tests = [test for test, versions in UPSTREAM_TESTS.items() if case.version in versions]
+    if tests:
+        check_upstream_tests(row, tree, site, tests)
+    else:
+        row.add("upstream-form tests", True, f"skipped: {NO_UPSTREAM_TEST}")
+    if base:
+        row.add("plugin in spawned processes", True, "run by the main test suite (base environment)")
+    elif case.plugin:
+        check_plugin_decisions(row, case, site)
+        if case.cpu_tier is None:  # the watch's DSA/NSA replay check on the real backend
+            run_pytest(row, "watch: graph replays and hook targets", site, WATCH_TESTS, full)
+        if case.page_table == AFFECTED:
+            run_pytest(row, "plugin in spawned processes", site, "test/test_plugin.py", full)
+    else:
+        row.add("plugin", True, "skipped: no plugin API before 0.5.11 (use apply)")
+    return row
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="sglang release matrix")
     parser.add_argument("--only", help="comma list of versions")
     parser.add_argument("--full", action="store_true", help="the full sweeps in every tier")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("MATRIX_WORKERS", "2")),
+        help="releases checked side by side, each in its own process (default 2, MATRIX_WORKERS)",
+    )
     args = parser.parse_args(argv)
     wanted = set(args.only.split(",")) if args.only else None
-    rows = []
-    for case in RELEASES:
-        if wanted and case.version not in wanted:
-            continue
-        print(f"sglang {case.version}", flush=True)
-        row = Row(case.version)
-        rows.append(row)
-        site = overlay(case.version)
-        tree = trees.find_tree(str(site) if site else None)
-        row.add("installed version", tree.version == case.version, str(tree.version))
-        check_patch_tool(row, case, tree)
-        check_members(row, tree)
-        base = case.version == BASE_VERSION
-        for name, reason, target in (
-            ("bug #1 CPU tier", case.cpu_tier, "test/srt/test_dsa_cuda_graph.py"),
-            ("bug #2 CPU tier", case.row_tier, "test/srt/test_row_overflow.py"),
-            ("bug #3 CPU tier", case.fa3_tier, "test/srt/test_fa3_cuda_graph.py"),
-            # Bug #3's other graph tables: each backend's measured verdict (reads past or not).
-            ("other backends' graph tables", case.fa3_tier, "test/srt/test_graph_tables_other_backends.py"),
-            ("triton / flashinfer flat buffers", case.fa3_tier, "test/srt/test_graph_tables_flat_buffers.py"),
-            (
-                "FA3 topk > 1 tables",
-                None if case.version in FA3_TOPK_RUN else FA3_TOPK_NOT_RUN,
-                "test/srt/test_fa3_topk_cuda_graph.py",
-            ),
-            # topk > 1 judged: FA3's and Triton's rules against the real backends (EAGLE 4 / 3 / 8, NGRAM).
-            (
-                "topk > 1 reach (FA3, Triton)",
-                None if case.version in FA3_TOPK_RUN else FA3_TOPK_NOT_RUN,
-                "test/srt/test_topk_reach.py",
-            ),
-            # TRT-LLM MLA / FlashMLA's verify tree mask: 0.5.13 - 0.5.16 sized from C, QLEN_ONLY after.
-            (
-                "MLA verify tree mask",
-                None if case.version in MLA_MASK_RUN else MLA_MASK_NOT_RUN,
-                "test/srt/test_graph_tables_mla_mask.py",
-            ),
-        ):
-            if base:
-                row.add(name, True, "run by the main test suite (base environment)")
-            elif reason is None:
-                run_pytest(row, name, site, target, args.full)
-            else:
-                row.add(name, True, f"skipped: {reason}")
-        if case.resolves:
-            check_resolution(row, site)
-            if site is not None and (site / "sglang/srt/speculative/uno_info.py").exists():  # UNO: 0.5.20+
-                check_uno_prove(row, site)
-        if case.spec_v1_case and site is not None:
-            check_spec_v1(row, site)
-        if case.dcp_resolves:
-            check_dcp_resolution(row, site, case.version)
-        tests = [test for test, versions in UPSTREAM_TESTS.items() if case.version in versions]
-        if tests:
-            check_upstream_tests(row, tree, site, tests)
-        else:
-            row.add("upstream-form tests", True, f"skipped: {NO_UPSTREAM_TEST}")
-        if base:
-            row.add("plugin in spawned processes", True, "run by the main test suite (base environment)")
-        elif case.plugin:
-            check_plugin_decisions(row, case, site)
-            if case.cpu_tier is None:  # the watch's DSA/NSA replay check on the real backend
-                run_pytest(row, "watch: graph replays and hook targets", site, WATCH_TESTS, args.full)
-            if case.page_table == AFFECTED:
-                run_pytest(row, "plugin in spawned processes", site, "test/test_plugin.py", args.full)
-        else:
-            row.add("plugin", True, "skipped: no plugin API before 0.5.11 (use apply)")
+    cases = [case for case in RELEASES if not wanted or case.version in wanted]
+    if args.workers > 1:
+        # A release's checks are mostly child processes (pytest, status, pip): two releases at
+        # once keep both cores of the CI machine busy. Lines interleave, each names its release;
+        # the table below keeps the releases' order.
+        # Newest first: they run the most tiers, and the light old releases fill the end.
+        context = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+            rows = list(pool.map(run_release, cases[::-1], [args.full] * len(cases)))[::-1]
+    else:
+        rows = [run_release(case, args.full) for case in cases]
 
     print("\n| sglang | checks run | result | skipped (why) |\n|---|---|---|---|")
     passed = failed = 0

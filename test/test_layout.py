@@ -18,12 +18,7 @@ LONG_FUNCTIONS_ALLOWED: dict = {}
 LONG_MODULES_ALLOWED = {}
 # Circles that close only through an import inside a function (run after both modules are
 # loaded, so they never break an import): frozenset of module names -> why it stands for now.
-LAZY_CIRCLES_ALLOWED = {
-    frozenset({"sglang_dsa_fix.members", "sglang_dsa_fix.sites", "sglang_dsa_fix.verdicts"}): (
-        "verdicts asks the members' registry, and the registry the sites, inside functions; "
-        "members/* and sites.py are being changed by other engineers"
-    ),
-}
+LAZY_CIRCLES_ALLOWED: dict = {}
 
 
 def _modules() -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dsa_fix import cli, plugin, server_status
+from sglang_dsa_fix import cli, members, plugin, server_status
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.server_status import API_KEY_ENV, MAX_BODY, NO_PLUGIN, from_server
 from sglang_dsa_fix.verdicts import Bug
@@ -354,9 +354,9 @@ def test_a_member_the_plugin_does_not_report_is_cannot_tell():
     assert note.startswith("the server's plugin (sglang-dsa-fix 0.3.0) does not report fa3_page_table, ")
     lines = out.splitlines()
     assert f"cannot tell for {OTHERS} of {len(BUGS)} — not reported by the server's plugin" in lines[0]
-    fa3_line = next(line for line in lines if Bug.FA3_PAGE_TABLE.title in line)
+    fa3_line = next(line for line in lines if members.of(Bug.FA3_PAGE_TABLE).title in line)
     assert fa3_line.split()[0] == "cannot_tell" and fa3_line.endswith("cannot_tell on all 2 ranks")
-    first = next(line for line in lines if Bug.PAGE_TABLE.title in line)
+    first = next(line for line in lines if members.of(Bug.PAGE_TABLE).title in line)
     assert first.split()[0] == "protected_by_plugin" and first.endswith("applied on all 2 ranks")
     assert lines[-1] == note
     # A plugin that reports no version is told as such.
@@ -376,7 +376,7 @@ def test_text_table():
         f"server {url}/server_info (sglang 0.5.14, 2 rank(s)): 1 of {len(BUGS)} affected"
     )
     assert quiet.splitlines() == lines[:1]
-    at = next(i for i, line in enumerate(lines) if Bug.ROW_OVERFLOW.title in line)
+    at = next(i for i, line in enumerate(lines) if members.of(Bug.ROW_OVERFLOW).title in line)
     assert lines[at].split()[0] == "affected"
     assert [line.strip() for line in lines[at + 1 : at + 3]] == [
         "applied: prefill#0 rank 0",

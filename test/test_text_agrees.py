@@ -9,7 +9,7 @@ import unittest
 from pathlib import Path
 from types import SimpleNamespace
 
-from sglang_dsa_fix import bugs, release, render, resolve
+from sglang_dsa_fix import bugs, members, release, render, resolve
 from sglang_dsa_fix.classify import BugState
 from sglang_dsa_fix.verdicts import Bug, State, Verdict
 
@@ -109,16 +109,16 @@ class TestTextFollowsState(unittest.TestCase):
                     **(resolved or {}),
                 }
                 text = render.render_status(report)
-                self.assertIn(f"{bug.title}: {state.text}", text)
+                self.assertIn(f"{members.of(bug).title}: {state.text}", text)
                 for line in text.splitlines():
                     if REACHED_WORDS.search(line) and state.exit_code != 1:
                         self.assertIn("without the plugin", line, (state, line))
                 check_line = render._state_line(entry)
-                self.assertTrue(check_line.startswith(f"{bug.title}: {state.text}"), check_line)
+                self.assertTrue(check_line.startswith(f"{members.of(bug).title}: {state.text}"), check_line)
                 # The first screen: the verdict line, and the member's line with its state token.
                 short = render.render_status_short(report).splitlines()
                 self.assertIn(HEADLINE[state.exit_code], short[0])
-                line = next(line for line in short if bug.title in line)
+                line = next(line for line in short if members.of(bug).title in line)
                 self.assertEqual(line.split()[0], state.token)
                 if REACHED_WORDS.search(line):
                     self.assertEqual(state.exit_code, 1, line)

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 
+from sglang_dsa_fix import members
 from sglang_dsa_fix.verdicts import Bug, State
 
 # What a terminal acts on instead of showing: C0 (escape sequences, newlines, carriage returns),
@@ -49,20 +50,21 @@ def _text(lines) -> str:
     return "\n".join(printable(line) for line in lines)
 
 
+def _title(token: str) -> str:
+    return members.of(Bug(token)).title
+
+
 def _state_line(state: dict) -> str:
     where = f" ({state['file']}:{state['line']}: `{state['found']}`)" if "file" in state else ""
     detail = f"; {state['detail']}" if state.get("detail") else ""
     text = state.get("state_text") or State.of_token(state["tree_state"]).text
-    return f"{Bug(state['bug']).title}: {text}{where}{detail}"
+    return f"{_title(state['bug'])}: {text}{where}{detail}"
 
 
 def render_server(report: dict) -> str:
     """``status --url``: one row per role and rank, one column per bug, then the notes."""
     names = list(dict.fromkeys(name for rank in report["ranks"] for name in rank["bugs"]))
-    # Bugs #1 - #3 by title; bug #3's relatives by their (shorter) token.
-    known = {
-        bug.value: bug.title.split(" (")[0] for bug in (Bug.PAGE_TABLE, Bug.ROW_OVERFLOW, Bug.FA3_PAGE_TABLE)
-    }
+    known = {member.bug.value: member.column for member in members.registry()}
     header = ["role", "rank", *(known.get(name, name) for name in names), "exit"]
     rows, notes = [], []
     for rank in report["ranks"]:
@@ -220,7 +222,7 @@ def render_status(report: dict) -> str:
     elif "configuration" in report:
         lines += _configuration_lines(report)
     for bug in report["bugs"]:
-        title = Bug(bug["bug"]).title
+        title = _title(bug["bug"])
         where = f" ({bug['file']}:{bug['line']}: `{bug['found']}`)" if "file" in bug else ""
         lines.append(f"{title}: {bug['state_text']}{where}")
         if bug["detail"]:
@@ -314,7 +316,7 @@ def member_line(entry: dict) -> str:
     """``  <state token>  <title>: <why>``, at most MAX_LINE characters."""
     token = entry.get("state") or entry["tree_state"]
     why = _why(entry)
-    return _clip(f"  {token:<19} {Bug(entry['bug']).title}" + (f": {why}" if why else ""))
+    return _clip(f"  {token:<19} {_title(entry['bug'])}" + (f": {why}" if why else ""))
 
 
 def _first_actionable(entries: list) -> list:
@@ -415,7 +417,7 @@ def render_status_short(report: dict, verbosity: int = 0, colour: bool = False) 
 def _member_across_ranks(member: dict, total: int) -> list:
     """A member on a server: one line where every rank says the same, else a line per state
     with the ranks in it."""
-    title = Bug(member["member"]).title if member["member"] in {b.value for b in Bug} else member["member"]
+    title = _title(member["member"]) if member["member"] in {b.value for b in Bug} else member["member"]
     head = f"  {member['state']:<19} {title}"
     by_state = member["ranks"]
     if len(by_state) == 1:

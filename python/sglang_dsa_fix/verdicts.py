@@ -28,13 +28,6 @@ class Bug(enum.Enum):
     MINIMAX_NVFP4_PAGE_TABLE = "minimax_nvfp4_page_table"
     TRITON_KV_INDICES = "triton_kv_indices"
 
-    @property
-    def title(self) -> str:
-        """The member's title (``members``: each member's unit holds its texts)."""
-        from sglang_dsa_fix import members
-
-        return members.of(self).title
-
 
 class Verdict(enum.Enum):
     """What the files say (no plugin, no configuration), as ``State`` tokens."""

@@ -43,6 +43,7 @@ class HookPlan:
 class Member:
     bug: Bug
     title: str  # "bug #N <what> (<effect>)": check / status / the plugin's log
+    column: str  # its column in ``status --url``'s table (bug #3's relatives: their token, shorter)
     absent: str  # not_applicable: what a tree without the member lacks
     holds: str  # fixed_upstream: what sglang's own code holds
     affected_what: str  # the subject of ``Site.affected_when`` ("these graph page tables are")

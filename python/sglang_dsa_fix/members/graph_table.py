@@ -191,6 +191,7 @@ def member(layout) -> Member:
     return Member(
         bug=bug,
         title=TITLES[layout.key],
+        column=bug.value,
         absent=f"no {layout.name} backend",
         holds=f"sizes the {layout.name} graph table from req_to_token",
         affected_what="these graph buffers are",

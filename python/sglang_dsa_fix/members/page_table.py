@@ -75,6 +75,7 @@ MEMBERS = (
     Member(
         bug=Bug.PAGE_TABLE,
         title="bug #1 CUDA-graph page_table width (crash)",
+        column="bug #1 CUDA-graph page_table width",
         absent="no DSA/NSA backend",
         holds="sizes the graph page_table as wide as req_to_token",
         affected_what="this graph page_table is",

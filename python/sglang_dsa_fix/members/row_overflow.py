@@ -131,6 +131,7 @@ MEMBERS = (
     Member(
         bug=Bug.ROW_OVERFLOW,
         title="bug #2 req_to_token row overflow (silent corruption)",
+        column="bug #2 req_to_token row overflow",
         absent="no spec-v2 decode reservation",
         holds="reserves the decode reservation at every page size",
         affected_what="this row sizing is",

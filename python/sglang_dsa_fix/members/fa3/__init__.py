@@ -142,6 +142,7 @@ MEMBERS = (
     Member(
         bug=Bug.FA3_PAGE_TABLE,
         title="bug #3 FA3 CUDA-graph page tables (crash)",
+        column="bug #3 FA3 CUDA-graph page tables",
         absent="no FlashAttention (FA3) backend",
         holds="sizes the FA3 graph page tables from req_to_token",
         affected_what="these graph page tables are",
