@@ -50,7 +50,7 @@ from bench_common import add_output_file_argument, append_jsonl, jsonl_row
 
 # --smoke: the sizes of the CPU run (CI), small enough for Triton's interpreter.
 SMOKE_SIZES = {"batch_sizes": [2], "context_length": 64, "speculative_num_steps": 1, "calls": 1, "blocks": 2}
-REPLAY_KIND = {"dsa": "dsa_replay", "triton": "triton_replay"}  # release.DSA_REPLAY, TRITON_REPLAY
+REPLAY_KIND = {"dsa": "dsa_replay", "triton": "triton_replay"}  # members/page_table.py, graph_table.py
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +99,7 @@ def _summary(per_call: dict) -> dict:
 def _time_hook(watch, candidate, original, args, kwargs, context, settings) -> dict:
     """One hook around sglang's function, against that function alone, on the same arguments."""
     site = watch.Site(candidate.kind, candidate.target, candidate.buffer, slot=0)
-    hook = watch._HOOK_FACTORIES[candidate.kind](site)
+    hook = watch._hook(watch.kinds()[candidate.kind], site)
     variants = {
         "plain": lambda: original(*args, **kwargs),
         "watched": lambda: hook(original, *args, **kwargs),

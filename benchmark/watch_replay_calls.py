@@ -1,6 +1,6 @@
 """One real call of a backend's CUDA-graph replay entry, recorded for ``watch_overhead.py`` to time.
 
-The watch's replay hook runs around a method of the backend class (``release.WATCH_TARGETS``):
+The watch's replay hook runs around a method of the backend class (its unit's ``WATCHES``):
 to time it against sglang's own method, this builds the real backend of the installed sglang
 on the device, captures a TARGET_VERIFY graph batch of ``bs`` requests and replays one below the
 context limit, recording the arguments the method got (``recorded_call``). The timed calls then

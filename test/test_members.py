@@ -25,6 +25,8 @@ SHARED = (
     "source_patch.py",
     "members/__init__.py",
     "proof/contract.py",
+    "watch.py",
+    "replay_checks.py",
 )
 
 
@@ -36,6 +38,32 @@ class TestRegistry(unittest.TestCase):
     def test_a_registry_missing_a_member_fails(self):
         with mock.patch.object(members, "_REGISTRY", list(members.registry()[:-1])):
             self.assertTrue(contract.registry_violations())
+
+    def test_a_watch_kind_without_a_check_fails(self):
+        kinds = list(members.watch_kinds())
+        broken = dataclasses.replace(kinds[0], replay_check=None, batch_size_at=None)
+        with mock.patch.object(members, "_WATCHES", [broken, *kinds[1:]]):
+            self.assertIn(
+                "not one of a replay check or a row check", " ".join(contract.registry_violations())
+            )
+
+    def test_a_watch_kind_no_unit_owns_fails(self):
+        kinds = list(members.watch_kinds())
+        targets = tuple(dataclasses.replace(t, kind="orphan_replay") for t in kinds[-1].targets)
+        orphan = dataclasses.replace(
+            kinds[-1], kind="orphan_replay", counters=("orphan_short", None), targets=targets
+        )
+        with mock.patch.object(members, "_WATCHES", [*kinds, orphan]):
+            self.assertIn("['orphan_replay'] belong to no member", " ".join(contract.registry_violations()))
+
+    def test_the_watch_machinery_names_no_kind(self):
+        # Each kind, its counters and targets live in its member's unit (``WATCHES``).
+        kinds = members.watch_kinds()
+        names = [k.kind for k in kinds] + [n for k in kinds for n in k.counters if n]
+        for name in ("watch.py", "replay_checks.py", "release.py", "metrics.py"):
+            with self.subTest(name):
+                text = (PACKAGE / name).read_text()
+                self.assertEqual(sorted({n for n in names if re.search(rf"\b{n}\b", text)}), [], name)
 
     def test_the_shared_machinery_names_no_member(self):
         for name in SHARED:

@@ -79,13 +79,13 @@ def _child(directory, queue, go_on):
         sizing = getattr(runner, "get_req_to_token_extra_context_len", None)  # 0.5.13+
         if sizing is not None:
             sizing(SimpleNamespace(**ROW_ARGS))
-        writer = next(s.target for s in watch._SITES.values() if s.kind == watch.ROW_WRITE)
+        writer = next(s.target for s in watch._SITES.values() if s.kind == "row_write")
         req_to_token = torch.zeros((2, 10), dtype=torch.int32)
         out_cache_loc = torch.arange(101, 105, dtype=torch.int64)
         start, end = torch.tensor([8], dtype=torch.int64), torch.tensor([12], dtype=torch.int64)
         pkgutil.resolve_name(writer)(torch.tensor([0]), req_to_token, start, end, out_cache_loc, 1)
         # A row read the watch cannot check (no req_to_token): its check switches off.
-        reader = next(s.target for s in watch._SITES.values() if s.kind == watch.ROW_READ)
+        reader = next(s.target for s in watch._SITES.values() if s.kind == "row_read")
         try:
             pkgutil.resolve_name(reader)(torch.tensor([0]), None, start, end, 1)
         except Exception:

@@ -36,7 +36,7 @@ import graph_backends
 import torch
 from helpers import PluginRegistration
 
-from sglang_dsa_fix import fa3_width, plugin, release, runtime_fix, watch
+from sglang_dsa_fix import fa3_width, plugin, runtime_fix, watch
 
 REPO = Path(__file__).resolve().parents[1]
 # Other releases as overlays (scripts/release_matrix.py installs them into .matrix/).
@@ -93,7 +93,7 @@ def watched_row_cases(cases, fixed: bool) -> list:
     """Run each case of the bug #2 driver with the watch around the real writer: one dict per case."""
     from sglang_dsa_fix.proof import row_overflow
 
-    target, hook = watch_hook(watch.ROW_WRITE, installed_version())
+    target, hook = watch_hook("row_write", installed_version())
     module = row_overflow.writer_module()
     assert target == f"{module.__name__}.assign_req_to_token_pool_func", target
     out = []
@@ -133,7 +133,7 @@ class TestSwitchAndSites(unittest.TestCase):
 
     def test_row_writer_target_per_release(self):
         def writer(version):
-            return [c.target for c in watch.select(version, resolve=False) if c.kind == watch.ROW_WRITE]
+            return [c.target for c in watch.select(version, resolve=False) if c.kind == "row_write"]
 
         for version in ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15"):
             self.assertEqual(
@@ -150,7 +150,7 @@ class TestSwitchAndSites(unittest.TestCase):
         import inspect
 
         expected = {
-            watch.ROW_WRITE: [
+            "row_write": [
                 "req_pool_indices",
                 "req_to_token",
                 "start_offset",
@@ -158,7 +158,7 @@ class TestSwitchAndSites(unittest.TestCase):
                 "out_cache_loc",
                 "batch_size",
             ],
-            watch.ROW_READ: ["req_pool_indices", "req_to_token", "start_offset", "end_offset", "batch_size"],
+            "row_read": ["req_pool_indices", "req_to_token", "start_offset", "end_offset", "batch_size"],
         }
         chosen = {c.kind: c.target for c in watch.select(installed_version())}
         self.assertEqual(set(expected) - set(chosen), set())
@@ -169,7 +169,7 @@ class TestSwitchAndSites(unittest.TestCase):
 
 class TestRowCheck(unittest.TestCase):
     def test_counts_columns_written_past_the_row(self):
-        site = watch.Site(watch.ROW_WRITE, "test.row_write", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        site = watch.Site("row_write", "test.row_write", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
         rows = [(8, 12), (11, 11), (12, 14), (3, 9)]  # 2 past, nothing written, 2 past, inside
         start, end = (torch.tensor(list(x), dtype=torch.int32) for x in zip(*rows))
         try:
@@ -183,7 +183,7 @@ class TestRowCheck(unittest.TestCase):
     def test_many_rows_strided_offsets_and_a_short_batch(self):
         # 300 rows: three kernel programs adding into the same counters; strided offsets; a
         # batch_size larger than the tensors (read only what is there).
-        site = watch.Site(watch.ROW_WRITE, "test.many", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        site = watch.Site("row_write", "test.many", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
         start = torch.arange(300, dtype=torch.int64) % 20
         end = start + torch.arange(300, dtype=torch.int64) % 7
         rows = list(zip(start.tolist(), end.tolist()))
@@ -201,7 +201,7 @@ class TestRowCheck(unittest.TestCase):
     def test_row_check_reads_nothing_back_from_the_device(self):
         # The check is one kernel launch: no .item() / int() / bool() / .tolist() of a tensor on
         # the way (the GPU tier runs it under set_sync_debug_mode("error"), test_watch_cuda.py).
-        site = watch.Site(watch.ROW_WRITE, "test.reads", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        site = watch.Site("row_write", "test.reads", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
         start, end = torch.tensor([8, 2, 9]), torch.tensor([12, 5, 9])
 
         def refuse(*args, **kwargs):
@@ -294,7 +294,7 @@ class TestDsaReplay(unittest.TestCase):
 
         cls.replay = replay
         cls.layout, cls.cls = replay.import_backend_class()
-        cls.target, hook = watch_hook(watch.DSA_REPLAY, installed_version())
+        cls.target, hook = watch_hook("dsa_replay", installed_version())
         cls.hook = staticmethod(hook)
         cls.case = replay.Case(256, 5, 1, 4)
 
@@ -382,8 +382,8 @@ class TestFa3Check(unittest.TestCase):
         ):
             return "sglang's own"
 
-        site = watch.Site(watch.FA3_REPLAY, "test.fa3", "page_table (pages)")
-        hook = watch._HOOK_FACTORIES[watch.FA3_REPLAY](site)
+        site = watch.Site("fa3_replay", "test.fa3", "page_table (pages)")
+        hook = watch._hook(watch.kinds()["fa3_replay"], site)
         # context 256, page 64: ceil(256 / 64) = 4 pages; target_verify reads seq_len + D tokens.
         table = SimpleNamespace(page_table=torch.zeros(2, 4, dtype=torch.int32))
         backend = SimpleNamespace(
@@ -442,7 +442,7 @@ class TestBackendReplays(unittest.TestCase):
         with (
             mock.patch.dict(watch._SITES, {candidate.target: site}, clear=True),
             stand_ins,
-            hooked(candidate.target, watch._HOOK_FACTORIES[kind](site)),
+            hooked(candidate.target, watch._hook(watch.kinds()[kind], site)),
         ):
             graph_backends.capture(backend, mode, len(seq_lens), tokens, spec_info)
             try:
@@ -454,13 +454,13 @@ class TestBackendReplays(unittest.TestCase):
         return report, error
 
     def assert_fits(self, kind, report, error=None):
-        name = watch.COUNTERS[kind][0]
+        name = watch.counter_names()[kind][0]
         self.assertEqual((report[name], report["graph_replays_short"], error), (0, 0, None))
         self.assertIsNone(report["first_violation"])
 
     def assert_short(self, kind, report, width, needed):
         candidate = self.candidate(kind)
-        self.assertEqual((report[watch.COUNTERS[kind][0]], report["graph_replays_short"]), (1, 1))
+        self.assertEqual((report[watch.counter_names()[kind][0]], report["graph_replays_short"]), (1, 1))
         self.assertEqual(
             report["first_violation"],
             dict(where=candidate.target, buffer=candidate.buffer, width=width, needed=needed),
@@ -479,7 +479,7 @@ class TestBackendReplays(unittest.TestCase):
     # flat kv_indices: the sum of the lengths against the buffer's length
 
     def test_triton_kv_indices(self):
-        seq_lens, kind = [60, 50], watch.TRITON_REPLAY
+        seq_lens, kind = [60, 50], "triton_replay"
         built = graph_backends.triton_backend(64, self.D)
         report, error = self.watched(kind, built, "DECODE", seq_lens)
         self.assert_fits(kind, report, error)
@@ -504,7 +504,7 @@ class TestBackendReplays(unittest.TestCase):
     def test_stale_host_lengths_are_not_judged(self):
         # seq_lens_sum None: the batch published no host lengths; the view's seq_lens_cpu still
         # holds an earlier batch's (60 + 50 > 100), the replay writes 10 + 10.
-        kind = watch.TRITON_REPLAY
+        kind = "triton_replay"
         built = graph_backends.triton_backend(
             64, self.D, kv_indices=graph_backends.guarded((100,), dtype=torch.int64)
         )
@@ -512,7 +512,7 @@ class TestBackendReplays(unittest.TestCase):
         self.assert_fits(kind, report, error)
 
     def test_flashinfer_kv_indices(self):
-        seq_lens, kind = [60, 50], watch.FLASHINFER_REPLAY
+        seq_lens, kind = [60, 50], "flashinfer_replay"
         report, error = self.watched(kind, graph_backends.flashinfer_backend(64, self.D), "DECODE", seq_lens)
         self.assert_fits(kind, report, error)
         buffer = graph_backends.guarded((100,))
@@ -540,7 +540,7 @@ class TestBackendReplays(unittest.TestCase):
         self.assert_short(kind, report, 115, 118)
 
     def test_flashinfer_mla_kv_indices(self):
-        seq_lens, kind = [50, 40], watch.FLASHINFER_MLA_REPLAY
+        seq_lens, kind = [50, 40], "flashinfer_mla_replay"
         built = graph_backends.flashinfer_mla_backend(64, self.D)
         report, error = self.watched(
             kind, built, "TARGET_VERIFY", seq_lens, graph_backends.verify_input(2, self.D)
@@ -560,7 +560,7 @@ class TestBackendReplays(unittest.TestCase):
     def test_trtllm_mha_page_table(self):
         # C 256, page 16: 16 pages. target_verify fills ceil((s + D) / 16) pages per request:
         # s 238 needs 16 (15 without D).
-        kind = watch.TRTLLM_MHA_REPLAY
+        kind = "trtllm_mha_replay"
         report, error = self.watched(
             kind, graph_backends.trtllm_mha_backend(256, self.D), "TARGET_VERIFY", [200, 238]
         )
@@ -576,7 +576,7 @@ class TestBackendReplays(unittest.TestCase):
     def test_trtllm_mla_block_table(self):
         # C 256, page 64: _calc_padded_blocks pads 4 pages to 64 (0.5.14 trtllm_mla_backend.py:209-230);
         # s 253 + D 4 needs 5 pages (4 without D).
-        kind = watch.TRTLLM_MLA_REPLAY
+        kind = "trtllm_mla_replay"
         built = graph_backends.trtllm_mla_backend(256, self.D)
         self.assertEqual(built[0].decode_cuda_graph_kv_indices.shape[1], 64)
         report, error = self.watched(kind, built, "TARGET_VERIFY", [200, 253])
@@ -592,7 +592,7 @@ class TestBackendReplays(unittest.TestCase):
         # The real FlashAttentionBackend at sglang's own size: C 256, page 64 -> ceil(256 / 64) = 4
         # pages (0.5.14 flashattention_backend.py:1610); target_verify asks the kernel for s + D keys
         # (:2292-2325): s 253 + D 4 needs 5 pages. The copy is sliced to the table: nothing raises.
-        kind = watch.FA3_REPLAY
+        kind = "fa3_replay"
         report, error = self.watched(
             kind, graph_backends.fa3_backend(256, self.D), "TARGET_VERIFY", [200, 252]
         )
@@ -612,7 +612,7 @@ class TestBackendReplays(unittest.TestCase):
 
     def test_flashmla_block_table(self):
         # C 256: (256 + 64) // 64 = 5 pages; s 253 + D 4 needs 5 (4 without D).
-        kind = watch.FLASHMLA_REPLAY
+        kind = "flashmla_replay"
         built = graph_backends.flashmla_backend(256, self.D)
         self.assertEqual(built[0].cuda_graph_kv_indices.shape[1], 5)
         report, error = self.watched(kind, built, "TARGET_VERIFY", [200, 253])
@@ -642,7 +642,7 @@ class TestBackendReplays(unittest.TestCase):
         # and mask by the request's pages: inside the last block the extra page is written past
         # the row (here past the table, into the spare row); at a block boundary it is not
         # written, and the kernel, told s + D, would read the next row's first page (as FA3's).
-        mha, mla, flashmla = watch.TRTLLM_MHA_REPLAY, watch.TRTLLM_MLA_REPLAY, watch.FLASHMLA_REPLAY
+        mha, mla, flashmla = "trtllm_mha_replay", "trtllm_mla_replay", "flashmla_replay"
         # C 256, page 16: 16 pages; s + D = 257 needs 17, inside the one 256-page block.
         built = graph_backends.trtllm_mha_backend(256, 4)
         self.at_sglang_size(mha, built, [200, 253], 4, width=16, needed=17, page=16, spills=True)
@@ -659,9 +659,9 @@ class TestBackendReplays(unittest.TestCase):
         watch.reset()
         built = graph_backends.flashinfer_mla_backend(64, 4)
         spec = graph_backends.verify_input(2, 4)
-        report, error = self.watched(watch.FLASHINFER_MLA_REPLAY, built, "TARGET_VERIFY", [61, 61], spec)
+        report, error = self.watched("flashinfer_mla_replay", built, "TARGET_VERIFY", [61, 61], spec)
         self.assertIsInstance(error, RuntimeError)
-        self.assert_short(watch.FLASHINFER_MLA_REPLAY, report, 128, 130)
+        self.assert_short("flashinfer_mla_replay", report, 128, 130)
 
 
 class TestPlugin(PluginRegistration):
@@ -689,12 +689,13 @@ class TestPlugin(PluginRegistration):
 
     def test_not_registered_unless_asked(self):
         registered = self.register(SGLANG_DSA_FIX_WATCH="0")
-        for candidate in release.WATCH_TARGETS:
-            self.assertNotIn("AROUND", registered.get(candidate.target, []))
+        for kind in watch.kinds().values():
+            for candidate in kind.targets:
+                self.assertNotIn("AROUND", registered.get(candidate.target, []))
 
     def test_first_violation_logged_once(self):
         watch.reset()
-        target, hook = watch_hook(watch.ROW_WRITE, installed_version())
+        target, hook = watch_hook("row_write", installed_version())
         start, end = torch.tensor([9]), torch.tensor([12])
         hook(lambda *args: None, None, torch.zeros(2, 10, dtype=torch.int32), start, end, None, 1)
         with self.assertLogs("sglang_dsa_fix", "WARNING") as logs:

@@ -20,8 +20,8 @@ labels: metrics_collector.py:1051-1067), and writes only what changed since the 
 - ``sglang:dsa_fix_member_state{member, state}``: 1 for the member's state token in this process
   (the vocabulary of ``status``: protected_by_plugin, affected, not_reachable, cannot_tell, ...),
   0 for each state it had before (so ``== 1`` selects the current one);
-- with the family watch on (SGLANG_DSA_FIX_WATCH), per watched kind (row_write, row_read,
-  dsa_replay, fa3_replay, ...): ``sglang:dsa_fix_watch_violations_total{kind}`` (rows or replays
+- with the family watch on (SGLANG_DSA_FIX_WATCH), per watched kind (``members.WatchKind.kind``,
+  named by each member's unit): ``sglang:dsa_fix_watch_violations_total{kind}`` (rows or replays
   past the buffer), ``sglang:dsa_fix_watch_columns_past_end_total{kind}`` (row kinds: the columns
   written or read past the row end), ``sglang:dsa_fix_watch_checking{kind}`` (0 once the kind's
   check failed and switched off: its counts stop there, unknown rather than zero). Without the

@@ -6,22 +6,17 @@ fixes (it watches with the kill switch ``SGLANG_DSA_FIX=0`` too, which is how on
 happen). It changes nothing: every hook checks the arguments, then calls sglang's own function.
 A check that fails logs one warning and is switched off; sglang's call goes on.
 
-What it counts:
+What it counts: each member's unit declares the kinds that see it (``members.WatchKind`` in its
+``WATCHES``; ``members/watch_only.py`` for what no member judges yet): the functions to wrap per
+release, the counters' names, and either
 
-- row writes: every call of the Triton writer ``assign_req_to_token_pool_func(req_pool_indices,
-  req_to_token, start_offset, end_offset, out_cache_loc, batch_size)``, which masks only
-  ``col < end`` and never the row width (bug #2): rows whose [start, end) reaches past
-  ``req_to_token.shape[1]`` (``row_writes_past_end``) and the columns written there
-  (``row_columns_past_end``), which land in the next request's row;
-- row reads: ``assign_extend_cache_locs_func`` (same arguments less out_cache_loc), which reads
-  the verify slots back out of a row with the same unmasked kernel (``row_reads_past_end``);
-- CUDA-graph replays (bug #1 and its relatives): replays whose graph buffer, sized from
-  max_context_len at capture, is smaller than what the replay asks the attention kernel to read
-  (``graph_replays_short``, one counter per backend: ``dsa_page_table_short``,
-  ``fa3_page_table_short``, ``flashinfer_kv_indices_short``, ``flashinfer_mla_kv_indices_short``,
-  ``triton_kv_indices_short``, ``flashmla_block_table_short``, ``trtllm_mha_page_table_short``,
-  ``trtllm_mla_block_table_short``). Per-row tables compare pages per request, flat index
-  buffers (flashinfer, triton) their total length with the sum of the lengths.
+- a row check on the device (``batch_size_at``): every call of a writer or reader of
+  ``req_to_token`` rows (sglang's ``assign_req_to_token_pool_func`` / ``assign_extend_cache_locs_func``,
+  which mask only ``col < end`` and never the row width: bug #2), counting rows whose [start, end)
+  reaches past ``req_to_token.shape[1]`` and the columns there, which land in the next request's row;
+- or a CUDA-graph replay check on the host (``replay_check``): replays whose graph buffer, sized
+  from max_context_len at capture, is smaller than what the replay asks the attention kernel to
+  read (bug #1 and its relatives), summed over backends as ``graph_replays_short``.
 
 No host synchronisation on the hot path: a row check is one launch of a small Triton kernel
 (``_row_check_kernel``, Triton like the sglang kernel it watches) that accumulates into an int64
@@ -43,21 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
-from sglang_dsa_fix import replay_checks
-from sglang_dsa_fix.release import (
-    DSA_REPLAY,
-    FA3_REPLAY,
-    FLASHINFER_MLA_REPLAY,
-    FLASHINFER_REPLAY,
-    FLASHMLA_REPLAY,
-    ROW_READ,
-    ROW_WRITE,
-    TRITON_REPLAY,
-    TRTLLM_MHA_REPLAY,
-    TRTLLM_MLA_REPLAY,
-    WATCH_TARGETS,
-    WatchTarget,
-)
+from sglang_dsa_fix import members, replay_checks
+from sglang_dsa_fix.release import WatchTarget
 
 logger = logging.getLogger("sglang_dsa_fix")
 
@@ -65,21 +47,21 @@ WATCH_ENV = "SGLANG_DSA_FIX_WATCH"
 ON_VALUES = ("1", "true", "yes", "on")
 AROUND = "AROUND"  # sglang's HookType name: hook(original_fn, *args, **kwargs)
 
-DEVICE_KINDS = (ROW_WRITE, ROW_READ)  # checked on the device
-# Counter names per kind: (sites counted, columns past the end), as report() spells them.
-COUNTERS = {
-    ROW_WRITE: ("row_writes_past_end", "row_columns_past_end"),
-    ROW_READ: ("row_reads_past_end", "row_read_columns_past_end"),
-    DSA_REPLAY: ("dsa_page_table_short", None),
-    FA3_REPLAY: ("fa3_page_table_short", None),
-    FLASHINFER_REPLAY: ("flashinfer_kv_indices_short", None),
-    FLASHINFER_MLA_REPLAY: ("flashinfer_mla_kv_indices_short", None),
-    TRITON_REPLAY: ("triton_kv_indices_short", None),
-    FLASHMLA_REPLAY: ("flashmla_block_table_short", None),
-    TRTLLM_MHA_REPLAY: ("trtllm_mha_page_table_short", None),
-    TRTLLM_MLA_REPLAY: ("trtllm_mla_block_table_short", None),
-}
 GRAPH_TOTAL = "graph_replays_short"
+
+
+def kinds() -> dict:
+    """Every kind the watch counts, by name (each member's unit declares its own: ``WATCHES``)."""
+    return {kind.kind: kind for kind in members.watch_kinds()}
+
+
+def counter_names() -> dict:
+    """Per kind: (sites counted, columns past the end or None), as ``report()`` spells them."""
+    return {name: kind.counters for name, kind in kinds().items()}
+
+
+def _on_device(kind: str) -> bool:
+    return kinds()[kind].batch_size_at is not None
 
 
 def enabled(value: Optional[str] = None) -> bool:
@@ -135,14 +117,13 @@ def _resolves(target: str) -> bool:
 
 def select(version: Optional[str], resolve: bool = True) -> list[WatchTarget]:
     """Per kind, the first candidate for this release (that resolves, if ``resolve``)."""
-    chosen = {}
-    for candidate in WATCH_TARGETS:
-        if candidate.kind in chosen or not candidate.covers(version):
-            continue
-        if resolve and not _resolves(candidate.target):
-            continue
-        chosen[candidate.kind] = candidate
-    return list(chosen.values())
+    chosen = []
+    for kind in members.watch_kinds():
+        for candidate in kind.targets:
+            if candidate.covers(version) and (not resolve or _resolves(candidate.target)):
+                chosen.append(candidate)
+                break
+    return chosen
 
 
 def hooks(version_or_tree_info=None, resolve: bool = True) -> list[tuple[str, str, Callable]]:
@@ -153,11 +134,11 @@ def hooks(version_or_tree_info=None, resolve: bool = True) -> list[tuple[str, st
         site = _SITES.get(candidate.target)
         if site is None:
             site = Site(candidate.kind, candidate.target, candidate.buffer)
-            if site.kind in DEVICE_KINDS:
-                site.slot = sum(s.kind in DEVICE_KINDS for s in _SITES.values())
+            if _on_device(site.kind):
+                site.slot = sum(_on_device(s.kind) for s in _SITES.values())
                 assert site.slot < MAX_DEVICE_SITES
             _SITES[candidate.target] = site
-        out.append((candidate.target, AROUND, _HOOK_FACTORIES[candidate.kind](site)))
+        out.append((candidate.target, AROUND, _hook(kinds()[candidate.kind], site)))
     return out
 
 
@@ -276,8 +257,8 @@ def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) 
     )
 
 
-def _row_write_hook(site: Site):
-    def watch_row_write(original_fn, *args, **kwargs):
+def _row_hook(site: Site, batch_size_at: int):
+    def watch_rows(original_fn, *args, **kwargs):
         if site.failed is None:
             try:
                 _check_rows(
@@ -285,54 +266,32 @@ def _row_write_hook(site: Site):
                     _arg(args, kwargs, 1, "req_to_token"),
                     _arg(args, kwargs, 2, "start_offset"),
                     _arg(args, kwargs, 3, "end_offset"),
-                    _arg(args, kwargs, 5, "batch_size"),
+                    _arg(args, kwargs, batch_size_at, "batch_size"),
                 )
             except Exception as exc:  # never break sglang
                 _fail(site, exc)
         return original_fn(*args, **kwargs)
 
-    return watch_row_write
+    return watch_rows
 
 
-def _row_read_hook(site: Site):
-    def watch_row_read(original_fn, *args, **kwargs):
+def _replay_hook(site: Site, check):
+    def watch_replay(original_fn, *args, **kwargs):
+        # Checked before the call: on a pristine 0.5.14 the replay then raises.
         if site.failed is None:
             try:
-                _check_rows(
-                    site,
-                    _arg(args, kwargs, 1, "req_to_token"),
-                    _arg(args, kwargs, 2, "start_offset"),
-                    _arg(args, kwargs, 3, "end_offset"),
-                    _arg(args, kwargs, 4, "batch_size"),
-                )
+                check(site, replay_checks.replay_args(site, original_fn, args, kwargs))
             except Exception as exc:
                 _fail(site, exc)
         return original_fn(*args, **kwargs)
 
-    return watch_row_read
+    return watch_replay
 
 
-def _replay_hook(check):
-    def factory(site: Site):
-        def watch_replay(original_fn, *args, **kwargs):
-            # Checked before the call: on a pristine 0.5.14 the replay then raises.
-            if site.failed is None:
-                try:
-                    check(site, replay_checks.replay_args(site, original_fn, args, kwargs))
-                except Exception as exc:
-                    _fail(site, exc)
-            return original_fn(*args, **kwargs)
-
-        return watch_replay
-
-    return factory
-
-
-_HOOK_FACTORIES = {
-    ROW_WRITE: _row_write_hook,
-    ROW_READ: _row_read_hook,
-    **{kind: _replay_hook(check) for kind, check in replay_checks.CHECKS.items()},
-}
+def _hook(kind: members.WatchKind, site: Site):
+    if kind.batch_size_at is not None:
+        return _row_hook(site, kind.batch_size_at)
+    return _replay_hook(site, kind.replay_check)
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,7 +314,7 @@ def _site_counts(read=None):
     """(site, count, columns, needed) per hooked site; ``read`` as for ``_read_device_counters``."""
     device = _read_device_counters(read) if _DEVICE_COUNTERS else None
     for site in _SITES.values():
-        if site.kind in DEVICE_KINDS:
+        if _on_device(site.kind):
             yield (site, *(device[site.slot] if device else (0, 0, 0)))
         else:
             yield site, site.count, site.columns, site.needed
@@ -364,9 +323,9 @@ def _site_counts(read=None):
 def by_kind(read=None) -> dict:
     """Per watched kind: [sites counted, columns past the end (None where the kind counts
     none), checking (False once its check failed and switched off: its counts stop there)]."""
-    out = {}
+    out, names = {}, counter_names()
     for site, count, columns, _ in _site_counts(read):
-        counts_columns = COUNTERS[site.kind][1] is not None
+        counts_columns = names[site.kind][1] is not None
         entry = out.setdefault(site.kind, [0, 0 if counts_columns else None, True])
         entry[0] += count
         entry[1] = entry[1] + columns if counts_columns else None
@@ -375,17 +334,17 @@ def by_kind(read=None) -> dict:
 
 
 def report() -> dict:
-    out = {"enabled": enabled(), "sites": list(_SITES)}
-    for kind in COUNTERS:
-        for name in COUNTERS[kind]:
+    out, names = {"enabled": enabled(), "sites": list(_SITES)}, counter_names()
+    for kind in names:
+        for name in names[kind]:
             if name:
                 out[name] = 0
     out[GRAPH_TOTAL] = 0
     first, failed = None, {}
     for site, count, columns, needed in _site_counts():
-        if site.kind not in DEVICE_KINDS:
+        if not _on_device(site.kind):
             out[GRAPH_TOTAL] += count
-        sites_name, columns_name = COUNTERS[site.kind]
+        sites_name, columns_name = names[site.kind]
         out[sites_name] += count
         if columns_name:
             out[columns_name] += columns

@@ -17,7 +17,7 @@ class TestWatchAddsNoSync(unittest.TestCase):
         self.addCleanup(torch.cuda.set_sync_debug_mode, "default")
 
     def test_row_write_check_never_synchronises(self):
-        site = watch.Site(watch.ROW_WRITE, "test.writer", "req_to_token", slot=0)
+        site = watch.Site("row_write", "test.writer", "req_to_token", slot=0)
         pool = torch.zeros((4, 300), dtype=torch.int32, device="cuda")
         start = torch.tensor([250, 10, 290], dtype=torch.int64, device="cuda")
         end = torch.tensor([306, 20, 290], dtype=torch.int64, device="cuda")  # row 0: 6 past, row 2: none
@@ -36,7 +36,7 @@ class TestWatchAddsNoSync(unittest.TestCase):
         # kernel directly (watch._LAUNCHES): every later call must count what a host reference
         # counts, for both offset dtypes, views at odd offsets (no alignment assumed) and batch
         # sizes of one to three programs.
-        site = watch.Site(watch.ROW_WRITE, "test.compiled", "req_to_token", slot=1)
+        site = watch.Site("row_write", "test.compiled", "req_to_token", slot=1)
         generator = torch.Generator().manual_seed(0)
         expected = [0, 0, 0]
         device = torch.device("cuda", torch.cuda.current_device())

@@ -6,8 +6,8 @@ plugin's hook (``hook``) and the family watch's counters that see it (``watch``)
 machinery (``classify``, ``bugs``, ``plugin.decide``) asks the registry and never branches on a
 member; ``test/test_members.py`` holds every member to the contract on every release it reads.
 
-Adding a member: its unit here (a module defining ``MEMBERS``), a line in ``UNITS`` and its
-``verdicts.Bug`` token.
+Adding a member: its unit here (a module defining ``MEMBERS``, and ``WATCHES`` where the family
+watch counts it), a line in ``UNITS`` and its ``verdicts.Bug`` token.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from sglang_dsa_fix.verdicts import Bug
 
 # One line per unit, in the order the tool reports its members.
 UNITS = ("page_table", "row_overflow", "fa3", "graph_table")
+# Units the family watch counts without a member (no rule yet): they define only ``WATCHES``.
+WATCH_ONLY_UNITS = ("watch_only",)
 
 # A runtime fix that found its buffer wide enough already (/server_info's detail).
 ALREADY_WIDE = "already as wide as req_to_token"
@@ -40,6 +42,17 @@ class HookPlan:
 
 
 @dataclass(frozen=True)
+class WatchKind:
+    """One kind of check the family watch (``watch.py``) runs, declared by the unit it watches for."""
+
+    kind: str  # the counters' key (/server_info's watch report, /metrics)
+    counters: tuple  # (sites counted, columns past the end or None), as ``watch.report()`` names them
+    targets: tuple  # ``release.WatchTarget``s in preference order: the first in range that resolves
+    replay_check: Optional[Callable] = None  # a CUDA-graph replay, on the host: (site, arguments)
+    batch_size_at: Optional[int] = None  # a row write / read, on the device: batch_size's position
+
+
+@dataclass(frozen=True)
 class Member:
     bug: Bug
     title: str  # "bug #N <what> (<effect>)": check / status / the plugin's log
@@ -51,7 +64,7 @@ class Member:
     locate: Callable  # (files, data=None) -> Site / EditSite, or None where the tree has none
     rule: Callable  # (verdict, found, form, inputs, resolved) -> the member at a configuration
     hook: Callable  # (files, site, sglang tree) -> HookPlan
-    watch: tuple  # the family watch's kinds (``watch.COUNTERS``) counting this member
+    watch: tuple  # the family watch's kinds (``WatchKind.kind``) counting this member
     unwatched: str = ""  # where ``watch`` is (): why no counter sees it
     unjudged: Callable = lambda found: ""  # no site, yet not absent: why (then ``cannot_tell``)
     releases: str = ""  # the sglang releases it is in ("explain", docs/members/<token>.md)
@@ -60,6 +73,7 @@ class Member:
 
 
 _REGISTRY: list = []
+_WATCHES: list = []
 
 
 def registry() -> tuple:
@@ -68,6 +82,14 @@ def registry() -> tuple:
         for unit in UNITS:
             _REGISTRY.extend(importlib.import_module(f"{__name__}.{unit}").MEMBERS)
     return tuple(_REGISTRY)
+
+
+def watch_kinds() -> tuple:
+    """Every kind the family watch counts: each unit's ``WATCHES``, in report order."""
+    if not _WATCHES:
+        for unit in (*UNITS, *WATCH_ONLY_UNITS):
+            _WATCHES.extend(getattr(importlib.import_module(f"{__name__}.{unit}"), "WATCHES", ()))
+    return tuple(_WATCHES)
 
 
 def of(bug: Bug) -> Member:

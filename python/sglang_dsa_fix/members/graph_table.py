@@ -6,18 +6,23 @@ expression over ``req_to_token``'s row); the plugin runs those methods compiled 
 
 from __future__ import annotations
 
+import inspect
 import math
+from typing import Optional
 
-from sglang_dsa_fix import graph_tables, release, width
-from sglang_dsa_fix.members import HookPlan, Member
+from sglang_dsa_fix import graph_tables, release, replay_checks, width
+from sglang_dsa_fix.members import HookPlan, Member, WatchKind
+from sglang_dsa_fix.release import WatchTarget
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
-# The family watch's replay check of each layout's backend; MiniMax has none yet.
+TRITON_REPLAY, FLASHMLA_REPLAY = "triton_replay", "flashmla_replay"
+TRTLLM_MHA_REPLAY, TRTLLM_MLA_REPLAY = "trtllm_mha_replay", "trtllm_mla_replay"
+# The family watch's replay check of each layout's backend (``WATCHES``); MiniMax has none yet.
 WATCH = {
-    "trtllm_mha_page_table": release.TRTLLM_MHA_REPLAY,
-    "trtllm_mla_kv_indices": release.TRTLLM_MLA_REPLAY,
-    "flashmla_kv_indices": release.FLASHMLA_REPLAY,
-    "triton_kv_indices": release.TRITON_REPLAY,
+    "trtllm_mha_page_table": TRTLLM_MHA_REPLAY,
+    "trtllm_mla_kv_indices": TRTLLM_MLA_REPLAY,
+    "flashmla_kv_indices": FLASHMLA_REPLAY,
+    "triton_kv_indices": TRITON_REPLAY,
 }
 UNWATCHED = "the family watch has no replay check for this backend yet"
 
@@ -222,3 +227,165 @@ TITLES = {
 }
 
 MEMBERS = tuple(member(layout) for layout in release.GRAPH_TABLE_LAYOUTS)
+
+
+# ----------------------------------------------------------------------------------------------
+# The family watch: each relative's graph replays, against the buffer captured for them.
+
+
+def draft_columns(backend, mode) -> Optional[int]:
+    """Columns a per-request MLA table replay reads past seq_len: D for target_verify, none for
+    decode and draft_extend_v2; None for the modes these backends do not replay from a graph."""
+    if mode.is_target_verify():
+        return backend.num_draft_tokens or 0
+    if mode.is_decode_or_idle() or mode.is_draft_extend_v2():
+        return 0
+    return None
+
+
+def check_triton(site, arguments) -> None:
+    """Entries written into the flat kv_indices: sum(s), decode and target_verify (prefix only).
+    draft_extend_v2 writes s - extend per request, less than that, with extend lengths only on
+    the device: not judged. Draft decode reads the multi-step backend's own buffer."""
+    replay = replay_checks.graph_replay(arguments)
+    if replay is None:
+        return
+    backend, view, _, mode, lengths = replay
+    spec = getattr(view, "spec_info", None)
+    if not (mode.is_target_verify() or (mode.is_decode_or_idle() and spec is None)):
+        return
+    buffer = getattr(backend, "cuda_graph_kv_indices", None)
+    if buffer is not None:
+        replay_checks.count_short(site, int(buffer.numel()), sum(lengths))
+
+
+def check_flashmla(site, arguments) -> None:
+    """Pages per request vs the block table: ceil(max(s) (+ D for target_verify) / 64)."""
+    replay = replay_checks.graph_replay(arguments)
+    if replay is None:
+        return
+    backend, _, _, mode, lengths = replay
+    extra = draft_columns(backend, mode)
+    table = getattr(backend, "cuda_graph_kv_indices", None)
+    if extra is not None and table is not None and table.dim() == 2:
+        page = getattr(inspect.getmodule(type(backend)), "PAGE_SIZE", 64)
+        replay_checks.count_short(site, int(table.shape[1]), replay_checks.pages(max(lengths) + extra, page))
+
+
+def check_trtllm_mha(site, arguments) -> None:
+    """Pages per request vs the per-mode page_table (topk 1): decode s (draft decode
+    s + step + 1), target_verify s + D (the captured max_seq_len_q), draft_extend_v2 s."""
+    replay = replay_checks.graph_replay(arguments)
+    if replay is None:
+        return
+    backend, view, bs, mode, lengths = replay
+    if mode.is_target_verify():
+        metadata = getattr(backend, "target_verify_metadata", {}).get(bs)
+        extra = getattr(metadata, "max_seq_len_q", 0)
+    elif mode.is_decode_or_idle():
+        metadata = getattr(backend, "decode_cuda_graph_metadata", {}).get(bs)
+        spec = getattr(view, "spec_info", None) is not None
+        extra = (getattr(backend, "speculative_step_id", 0) or 0) + 1 if spec else 0
+    elif mode.is_draft_extend_v2():
+        metadata, extra = getattr(backend, "draft_extend_metadata", {}).get(bs), 0
+    else:
+        return
+    table = getattr(metadata, "page_table", None)
+    if table is not None:
+        replay_checks.count_short(
+            site, int(table.shape[1]), replay_checks.pages(max(lengths) + extra, backend.page_size)
+        )
+
+
+def check_trtllm_mla(site, arguments) -> None:
+    """Pages per request vs the block table: decode and draft_extend_v2 s, target_verify s + D."""
+    replay = replay_checks.graph_replay(arguments)
+    if replay is None:
+        return
+    backend, _, bs, mode, lengths = replay
+    extra = draft_columns(backend, mode)
+    metadata = getattr(backend, "decode_cuda_graph_metadata", {}).get(bs)
+    table = getattr(metadata, "block_kv_indices", None)
+    if extra is not None and table is not None:
+        replay_checks.count_short(
+            site, int(table.shape[1]), replay_checks.pages(max(lengths) + extra, backend.page_size)
+        )
+
+
+WATCHES = (
+    WatchKind(
+        TRITON_REPLAY,
+        ("triton_kv_indices_short", None),
+        targets=(
+            # triton: flat cuda_graph_kv_indices of max_num_tokens * max_context_len (0.5.14
+            # triton_backend.py:826-835, 0.5.23 :1224-1230); decode and target_verify write
+            # cumsum(seq_lens) into it, the prefix only (0.5.14 :335-353, :386-400; 0.5.23 :515-534).
+            # Bounded by bs * C <= its size in practice (upstream/ISSUE-fa3-target-verify-page-table.md,
+            # "Triton backend"), but nothing checks it: a narrowed buffer is overrun.
+            WatchTarget(
+                TRITON_REPLAY,
+                "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata_out_graph",
+                "cuda_graph_kv_indices (flat)",
+                (0, 5, 13),
+            ),
+        ),
+        replay_check=check_triton,
+    ),
+    WatchKind(
+        FLASHMLA_REPLAY,
+        ("flashmla_block_table_short", None),
+        targets=(
+            # FlashMLA (sgl_kernel only): block table [max_bs, (C + 64) // 64] (0.5.14
+            # flashmla_backend.py:180-192, 0.5.23 :274-286); target_verify fills ceil((s + D) / 64)
+            # pages (0.5.14 :213-262, 0.5.23 :328-380). The fill kernel launches whole 64-page blocks
+            # for the width and masks by the request's own pages, not the row's (triton_ops/
+            # kv_indices.py:99-146): an extra page inside the last block is written into the next row.
+            # C = 254, D = 8, s = 251 (a live request): 5 pages needed, 4 held.
+            WatchTarget(
+                FLASHMLA_REPLAY,
+                "sglang.srt.layers.attention.flashmla_backend.FlashMLABackend.init_forward_metadata_out_graph",
+                "cuda_graph_kv_indices (pages)",
+                (0, 5, 13),
+            ),
+        ),
+        replay_check=check_flashmla,
+    ),
+    WatchKind(
+        TRTLLM_MHA_REPLAY,
+        ("trtllm_mha_page_table_short", None),
+        targets=(
+            # TRT-LLM MHA (sm100): per-mode page tables [max_bs, ceil(C / page)] (0.5.14
+            # trtllm_mha_backend.py:142-146, :302-392; 0.5.23 :351-353, :706-811): decode s (draft
+            # decode s + step + 1), target_verify s + D (0.5.14 :492-566; 0.5.23 :941-1048, one fused
+            # kernel looping max_num_pages), so where C is a multiple of the page, s = C - 3 with D >= 4
+            # already needs a page more. The
+            # 0.5.14 fill kernel, like FlashMLA's, masks by the request's pages within whole
+            # 4096-token blocks (triton_ops/trtllm_mha_page_table.py:38-93).
+            WatchTarget(
+                TRTLLM_MHA_REPLAY,
+                "sglang.srt.layers.attention.trtllm_mha_backend.TRTLLMHAAttnBackend.init_forward_metadata_out_graph",
+                "page_table (pages)",
+                (0, 5, 13),
+            ),
+        ),
+        replay_check=check_trtllm_mha,
+    ),
+    WatchKind(
+        TRTLLM_MLA_REPLAY,
+        ("trtllm_mla_block_table_short", None),
+        targets=(
+            # TRT-LLM MLA (sm100): block table [max_bs, _calc_padded_blocks(C)], ceil(C / page) padded
+            # to a multiple of 4096 tokens' pages (0.5.14 trtllm_mla_backend.py:209-230, :275-285,
+            # :334-370; 0.5.23 :477-485); target_verify asks for s + D (0.5.14 :372-424, 0.5.23
+            # :604-667), draft_extend_v2 s. Short only where C is at or just below such a multiple
+            # (4096, 163840): s + D then needs one page more.
+            WatchTarget(
+                TRTLLM_MLA_REPLAY,
+                "sglang.srt.layers.attention.trtllm_mla_backend.TRTLLMMLABackend.init_forward_metadata_out_graph",
+                "block_kv_indices (pages)",
+                (0, 5, 13),
+            ),
+        ),
+        replay_check=check_trtllm_mla,
+    ),
+)

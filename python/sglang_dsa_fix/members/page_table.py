@@ -4,8 +4,9 @@ runtime fix, ``width.enforce``), its in-tree change ``sites.page_table_site``.""
 
 from __future__ import annotations
 
-from sglang_dsa_fix import release, sites, width
-from sglang_dsa_fix.members import ALREADY_WIDE, HookPlan, Member
+from sglang_dsa_fix import release, replay_checks, sites, width
+from sglang_dsa_fix.members import ALREADY_WIDE, HookPlan, Member, WatchKind
+from sglang_dsa_fix.release import WatchTarget
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
 
@@ -71,6 +72,66 @@ def hook(files, site, sglang) -> HookPlan:
     return HookPlan(layout.hook_target, body=run_enforce)
 
 
+def check_replay(site, arguments) -> None:
+    """Columns the DSA replay copies into the graph page_table (0.5.14 dsa_backend.py:1201-1266):
+    decode and draft_extend_v2 max(seq_lens), target_verify max(seq_lens) + D."""
+    backend, bs, mode = next(iter(arguments.values())), arguments["bs"], arguments.get("forward_mode")
+    graph = getattr(backend, "decode_cuda_graph_metadata", None)
+    if mode is None or not isinstance(graph, dict) or bs not in graph:
+        return  # capture: the per-bs metadata is being built, nothing replayed yet
+    longest = replay_checks.longest(arguments)
+    if longest is None:
+        return
+    if mode.is_target_verify():
+        needed = longest + (backend.speculative_num_draft_tokens or 0)
+    elif mode.is_decode_or_idle() or mode.is_draft_extend_v2():
+        needed = longest
+    else:
+        return
+    table = getattr(graph[bs], "page_table_1", None)
+    if table is None:  # 0.5.17+ may drop the wide table; then it reads req_to_token's width
+        table = width.graph_page_table(backend)
+    table_width = int(table.shape[1]) if table is not None else width.required_width(backend)
+    replay_checks.count_short(site, table_width, needed)
+
+
+DSA_REPLAY = "dsa_replay"
+# The family watch: every DSA / NSA graph replay, against the page_table captured for it.
+WATCHES = (
+    WatchKind(
+        DSA_REPLAY,
+        ("dsa_page_table_short", None),
+        targets=(
+            # DSA: the shared capture + replay body behind init_forward_metadata_out_graph, which the
+            # cuda-graph runners call (0.5.14 dsa_backend.py:601-618 -> :1160; 0.5.17 :1403; 0.5.23
+            # :1797); the spec runners also call it directly. The class has no
+            # init_forward_metadata_replay_cuda_graph of its own in 0.5.14. 0.5.14 target_verify copies
+            # req_to_token[idx, :max(seq_lens) + D] into page_table_1 (:1217-1233), a view of
+            # decode_cuda_graph_metadata["page_table"], max_context_len + D wide (:995-1000).
+            WatchTarget(
+                DSA_REPLAY,
+                "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend._apply_cuda_graph_metadata",
+                'decode_cuda_graph_metadata["page_table"]',
+                (0, 5, 13),
+            ),
+            # NSA, 0.5.11 - 0.5.12 (the same backend before its rename): the replay entry itself
+            # (0.5.11 nsa_backend.py:961, 0.5.12 :976; the multi-step draft backend calls it per step
+            # through the class, 0.5.12 :2348), arguments bs / forward_mode / seq_lens_cpu as in the DSA
+            # body; target_verify copies max(seq_lens) + D columns into page_table_1, a view of
+            # decode_cuda_graph_metadata["page_table"], max_context_len + D wide.
+            WatchTarget(
+                DSA_REPLAY,
+                "sglang.srt.layers.attention.nsa_backend.NativeSparseAttnBackend.init_forward_metadata_replay_cuda_graph",
+                'decode_cuda_graph_metadata["page_table"]',
+                (0, 5, 11),
+                (0, 5, 12),
+            ),
+        ),
+        replay_check=check_replay,
+    ),
+)
+
+
 MEMBERS = (
     Member(
         bug=Bug.PAGE_TABLE,
@@ -83,7 +144,7 @@ MEMBERS = (
         locate=sites.page_table_site,
         rule=rule,
         hook=hook,
-        watch=(release.DSA_REPLAY,),
+        watch=(DSA_REPLAY,),
         releases="sglang 0.5.4 – 0.5.14 with the DSA / NSA backend (DeepSeek-V3.2, GLM-5); fixed upstream "
         "in 0.5.15 (sgl-project/sglang#29379)",
         symptoms=(

@@ -6,7 +6,8 @@ next request's (0.5.9 - newest; DFLASH / DSPARK reserve 2 x block the same way).
 from __future__ import annotations
 
 from sglang_dsa_fix import release, sites, width
-from sglang_dsa_fix.members import HookPlan, Member
+from sglang_dsa_fix.members import HookPlan, Member, WatchKind
+from sglang_dsa_fix.release import WatchTarget
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
 # What the row arithmetic says beside the numbers, per decode prepare (``release.DECODE_PREPARE``).
@@ -127,6 +128,78 @@ def unjudged(found) -> str:
     )
 
 
+ROW_WRITE, ROW_READ = "row_write", "row_read"
+# The family watch: every write of the decode reservation into req_to_token and every read of
+# the verify slots back out of it, counted on the device (watch.py's row check). batch_size is
+# the writer's 6th argument (req_pool_indices, req_to_token, start_offset, end_offset,
+# out_cache_loc, batch_size) and the reader's 5th (no out_cache_loc).
+WATCHES = (
+    WatchKind(
+        ROW_WRITE,
+        ("row_writes_past_end", "row_columns_past_end"),
+        targets=(
+            # 0.5.16+: a module global of mem_cache/allocation.py (0.5.17 :631, 0.5.23 :737), called from
+            # there by alloc_for_spec_decode (0.5.17 :710, 0.5.23 :837) as a global, so the module
+            # attribute is what the spec-v2 prepare really calls.
+            WatchTarget(
+                ROW_WRITE,
+                "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func",
+                "req_to_token",
+                (0, 5, 16),
+            ),
+            # 0.5.13 - 0.5.15: the spec-v2 prepare imports it from speculative/spec_utils.py at call time
+            # (0.5.14 eagle_info_v2.py:33, :104; spec_utils.py:29 re-exports the definition of
+            # speculative/triton_ops/cache_locs.py:50). HookRegistry sets the wrapper on spec_utils and
+            # propagates it to every module holding the original (0.5.14 plugins/hook_registry.py:297-300, :322-349).
+            # 0.5.11 - 0.5.12 (the plugin API's first releases): the same, imported at call time by
+            # speculative/eagle_info_v2.py (0.5.11 :92 -> :157, 0.5.12 :92 -> :164; spec_utils.py
+            # 0.5.11:125, 0.5.12:129 define it there).
+            WatchTarget(
+                ROW_WRITE,
+                "sglang.srt.speculative.spec_utils.assign_req_to_token_pool_func",
+                "req_to_token",
+                (0, 5, 11),
+                (0, 5, 15),
+            ),
+        ),
+        batch_size_at=5,
+    ),
+    WatchKind(
+        ROW_READ,
+        ("row_reads_past_end", "row_read_columns_past_end"),
+        targets=(
+            # The verify-slot reader: sglang.kernels from 0.5.17 (0.5.17 kernels/ops/speculative/
+            # cache_locs.py:432, 0.5.23 :679; called by ngram_worker.py 0.5.23:374, dflash_worker_v2.py),
+            # speculative/triton_ops/cache_locs.py:337 in 0.5.14 (called by eagle_info_v2.py, ngram_worker.py:324,
+            # eagle_utils.py:308). 0.5.15 / 0.5.16 not read: whichever resolves.
+            WatchTarget(
+                ROW_READ,
+                "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_func",
+                "req_to_token",
+                (0, 5, 15),
+            ),
+            WatchTarget(
+                ROW_READ,
+                "sglang.srt.speculative.triton_ops.cache_locs.assign_extend_cache_locs_func",
+                "req_to_token",
+                (0, 5, 13),
+                (0, 5, 16),
+            ),
+            # 0.5.11 - 0.5.12: defined in speculative/eagle_info_v2.py itself (0.5.11 :534, 0.5.12 :561)
+            # and called there as a module global (0.5.11 :253, 0.5.12 :270).
+            WatchTarget(
+                ROW_READ,
+                "sglang.srt.speculative.eagle_info_v2.assign_extend_cache_locs_func",
+                "req_to_token",
+                (0, 5, 11),
+                (0, 5, 12),
+            ),
+        ),
+        batch_size_at=4,
+    ),
+)
+
+
 MEMBERS = (
     Member(
         bug=Bug.ROW_OVERFLOW,
@@ -143,7 +216,7 @@ MEMBERS = (
         locate=sites.row_site,
         rule=rule,
         hook=hook,
-        watch=(release.ROW_WRITE, release.ROW_READ),
+        watch=(ROW_WRITE, ROW_READ),
         unjudged=unjudged,
         releases="sglang 0.5.9 – newest with spec v2 (the default from 0.5.11); at page 1 from 0.5.16, and "
         "at page > 1 with decode context parallel on 0.5.16 – 0.5.18",

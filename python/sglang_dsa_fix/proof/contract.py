@@ -26,6 +26,7 @@ watch kind to a member (or to the kinds the watch counts beyond the rules).
 from __future__ import annotations
 
 import ast
+import importlib
 import itertools
 import shutil
 import tempfile
@@ -80,7 +81,7 @@ def _identity(member) -> list:
         out.append(f"title {member.title!r} is not 'bug #N ... {' | '.join(TITLE_ENDS)}'")
     if not member.absent or not member.holds:
         out.append("no not-applicable or fixed-upstream text")
-    unknown = [kind for kind in member.watch if kind not in watch.COUNTERS]
+    unknown = [kind for kind in member.watch if kind not in watch.kinds()]
     if unknown:
         out.append(f"watch kinds {unknown} are no counters of the family watch")
     if not member.watch and not member.unwatched:
@@ -210,8 +211,26 @@ def violations(member, package: Path) -> list:
     return out
 
 
-# What the family watch counts beyond the members' rules ("members we have no rule for yet").
-WATCHED_WITHOUT_RULE = (release.FLASHINFER_REPLAY, release.FLASHINFER_MLA_REPLAY)
+def watched_without_rule() -> set:
+    """What the family watch counts beyond the members' rules ("members we have no rule for
+    yet"): the kinds of the watch-only units."""
+    units = (importlib.import_module(f"{members.__name__}.{unit}") for unit in members.WATCH_ONLY_UNITS)
+    return {kind.kind for unit in units for kind in unit.WATCHES}
+
+
+def watch_kind_violations() -> list:
+    """Every kind the watch counts: one name, its own counters, a target, one way to check."""
+    out, kinds = [], members.watch_kinds()
+    names = [kind.kind for kind in kinds]
+    counters = [name for kind in kinds for name in kind.counters if name]
+    if len(set(names)) != len(names) or len(set(counters)) != len(counters):
+        out.append(f"watch kinds or counter names repeat: {names} {counters}")
+    for kind in kinds:
+        if not kind.targets or any(target.kind != kind.kind for target in kind.targets):
+            out.append(f"watch kind {kind.kind}: no target, or a target of another kind")
+        if (kind.replay_check is None) == (kind.batch_size_at is None):
+            out.append(f"watch kind {kind.kind}: not one of a replay check or a row check")
+    return out
 
 
 def registry_violations() -> list:
@@ -220,8 +239,8 @@ def registry_violations() -> list:
     bugs = [member.bug for member in registry]
     if sorted(b.value for b in bugs) != sorted(b.value for b in Bug) or len(set(bugs)) != len(bugs):
         out.append(f"the registry's members {[b.value for b in bugs]} are not one per verdicts.Bug")
-    owned = {kind for member in registry for kind in member.watch} | set(WATCHED_WITHOUT_RULE)
-    orphans = sorted(set(watch.COUNTERS) - owned)
+    owned = {kind for member in registry for kind in member.watch} | watched_without_rule()
+    orphans = sorted(set(watch.kinds()) - owned)
     if orphans:
         out.append(f"watch kinds {orphans} belong to no member")
-    return out
+    return out + watch_kind_violations()

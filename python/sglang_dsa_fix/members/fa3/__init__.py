@@ -9,6 +9,7 @@ import sglang_dsa_fix.members.fa3.sites as fa3_sites
 import sglang_dsa_fix.members.fa3.tables as fa3_width
 from sglang_dsa_fix import release, width
 from sglang_dsa_fix.members import ALREADY_WIDE, HookPlan, Member
+from sglang_dsa_fix.members.fa3.watched import FA3_REPLAY, WATCHES  # noqa: F401 (the unit's watch)
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
 
@@ -150,7 +151,7 @@ MEMBERS = (
         locate=fa3_sites.fa3_page_table_site,
         rule=rule,
         hook=hook,
-        watch=(release.FA3_REPLAY,),
+        watch=(FA3_REPLAY,),
         releases="sglang 0.5.4 – 0.5.23 where FA3 (or FA4) runs the verify or the draft decode in CUDA "
         "graphs (sgl-project/sglang#34239)",
         symptoms=(
