@@ -400,7 +400,7 @@ def import_fa3_patched(case, name: str):
     import tempfile
     from pathlib import Path
 
-    from sglang_dsa_fix import fa3_sites
+    from sglang_dsa_fix.members.fa3 import sites as fa3_sites
 
     case.addClassCleanup(import_fa3())
     source = Path(sys.modules[FA3].__file__)

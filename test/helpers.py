@@ -12,7 +12,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from sglang_dsa_fix import cli, plugin, release, sites, tree
+from sglang_dsa_fix import backend_layouts, cli, plugin, release, sites, tree
 from sglang_dsa_fix.snapshot import read as read_files
 
 INSTALLED = tree.find_tree(None)
@@ -61,14 +61,16 @@ class PatchToolTestCase(unittest.TestCase):
         self.package = parent / "sglang"
         self.backend = self.package / PAGE_TABLE_SITE.path.relative_to(INSTALLED.package)
         self.sizing = self.package / ROW_SITE.path.relative_to(INSTALLED.package)
-        self.fa3 = self.package / release.FA3_LAYOUT.relative_path  # bug #3's file
+        self.fa3 = self.package / backend_layouts.FA3_LAYOUT.relative_path  # bug #3's file
         self.original = self.backend.read_bytes()
         self.original_sizing = self.sizing.read_bytes()
         self.original_fa3 = self.fa3.read_bytes()
         # Bug #3's relatives present in this release: path -> original bytes.
         self.relatives = {
             path: path.read_bytes()
-            for path in (self.package / layout.relative_path for layout in release.GRAPH_TABLE_LAYOUTS)
+            for path in (
+                self.package / layout.relative_path for layout in backend_layouts.GRAPH_TABLE_LAYOUTS
+            )
             if path.exists()
         }
 

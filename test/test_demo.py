@@ -12,7 +12,8 @@ import contextlib
 import io
 import unittest
 
-from sglang_dsa_fix import fa3_width, width
+from sglang_dsa_fix import width
+from sglang_dsa_fix.members.fa3 import tables as fa3_width
 from sglang_dsa_fix.proof import demo, fa3_backend, fa3_replay
 from sglang_dsa_fix.proof.patched_copy import patched_copy
 from sglang_dsa_fix.proof.replay import installed_form

@@ -19,12 +19,12 @@ import unittest
 
 from helpers import PatchToolTestCase
 
-from sglang_dsa_fix import bugs, classify, graph_tables, live_edit, plugin, release, tree
+from sglang_dsa_fix import backend_layouts, bugs, classify, graph_tables, live_edit, plugin, tree
 from sglang_dsa_fix.verdicts import Bug, Verdict
 
 ROW = b"self.req_to_token.shape[1]"
 POOL = b"self.req_to_token = model_runner.req_to_token_pool.req_to_token\n"
-FA3_CLASS = release.FA3_LAYOUT.class_name
+FA3_CLASS = backend_layouts.FA3_LAYOUT.class_name
 
 
 def _definition(data: bytes, *names: str) -> ast.AST:
@@ -64,7 +64,7 @@ def with_method(data: bytes, class_name: str, source: bytes) -> bytes:
 
 def dsa_layout(package):
     """Bug #1's layout in this release (``sites.backend_file``: the newest whose file exists)."""
-    return next(layout for layout in release.LAYOUTS if (package / layout.relative_path).exists())
+    return next(layout for layout in backend_layouts.LAYOUTS if (package / layout.relative_path).exists())
 
 
 class FormsTestCase(PatchToolTestCase):
@@ -89,7 +89,9 @@ class TestUpstreamSpellings(FormsTestCase):
     def test_a_relative_in_the_rules_own_spelling_is_fixed_upstream(self):
         # The spelling #29379 fixed DSA with, in each relative, with no backup beside it: nothing
         # shows this tool wrote it, so it is sglang's own fix, not "fixed in-tree ... no backup".
-        relatives = [layout for layout in release.GRAPH_TABLE_LAYOUTS if Bug(layout.key) in self.states()]
+        relatives = [
+            layout for layout in backend_layouts.GRAPH_TABLE_LAYOUTS if Bug(layout.key) in self.states()
+        ]
         changed = []
         for layout in relatives:
             state = self.states()[Bug(layout.key)]
@@ -209,11 +211,11 @@ class TestTheDefinitionPythonKeeps(FormsTestCase):
     def backend_files(self) -> dict:
         """{path: class name} of each file with a member's class in it here."""
         out = {}
-        for layout in (dsa_layout(self.package), release.FA3_LAYOUT):
+        for layout in (dsa_layout(self.package), backend_layouts.FA3_LAYOUT):
             path = self.package / layout.relative_path
             if path.exists():
                 out[path] = layout.class_name
-        for layout in release.GRAPH_TABLE_LAYOUTS:
+        for layout in backend_layouts.GRAPH_TABLE_LAYOUTS:
             path = self.package / layout.relative_path
             if path.exists():
                 out[path] = layout.classes[0][0]  # (Triton's second class stays single)
@@ -318,7 +320,7 @@ class TestTheOlderMlaForm(FormsTestCase):
     """Item 8 (last clause): this tool's earlier TRT-LLM MLA change (block tables only, the
     verify mask as sglang wrote it) is no protection where that mask is reached."""
 
-    MASK = release.VERIFY_MASK_EXPR.encode()
+    MASK = backend_layouts.VERIFY_MASK_EXPR.encode()
 
     def test_it_is_affected_where_the_mask_is_reached(self):
         path = self.package / graph_tables.LAYOUTS[Bug.TRTLLM_MLA_KV_INDICES].relative_path

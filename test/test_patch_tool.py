@@ -16,7 +16,7 @@ from pathlib import Path
 
 from helpers import INSTALLED, PAGE_TABLE_SITE, PatchToolTestCase, run_cli, tree_state
 
-from sglang_dsa_fix import classify, cli, release, snapshot, source_patch
+from sglang_dsa_fix import backend_layouts, classify, cli, snapshot, source_patch
 from sglang_dsa_fix.errors import ToolError
 
 
@@ -493,7 +493,7 @@ class TestOtherReleases(PatchToolTestCase):
     def test_a_relatives_file_of_another_layout_is_that_bug_only(self):
         # A release that moved a class bug #3's relative edits: that bug cannot be told, the
         # others are judged and fixed as before.
-        triton = self.package / release.ATTENTION_DIR / "triton_backend.py"
+        triton = self.package / backend_layouts.ATTENTION_DIR / "triton_backend.py"
         self.edit(triton, b"class TritonMultiStepDraftBackend", b"class TritonDraftBackendMoved")
         self.assertEqual(self.cli("check")[0], 1)
         states = self.report_states()
@@ -519,7 +519,7 @@ class TestOtherReleases(PatchToolTestCase):
             path.unlink(missing_ok=True)
         rc, out, _ = self.cli("check", "-v")
         self.assertEqual(rc, 0, out)
-        self.assertEqual(out.count(": not applicable"), len(release.GRAPH_TABLE_LAYOUTS) + 3, out)
+        self.assertEqual(out.count(": not applicable"), len(backend_layouts.GRAPH_TABLE_LAYOUTS) + 3, out)
         before = tree_state(self.tmp)
         self.assertEqual(self.cli("apply")[0], 0)
         rc, out, err = self.cli("diff")

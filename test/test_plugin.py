@@ -26,8 +26,9 @@ from types import SimpleNamespace
 
 from helpers import INSTALLED_FILES, PAGE_TABLE_SITE, ROW_SITE
 
-from sglang_dsa_fix import fa3_width, plugin, width
+from sglang_dsa_fix import plugin, width
 from sglang_dsa_fix import tree as trees
+from sglang_dsa_fix.members.fa3 import tables as fa3_width
 
 POOL_WIDTH = 512 + 4 + 5  # Case(512, D=5): the pristine pool
 FULL = os.environ.get("SGLANG_DSA_FIX_FULL") == "1"

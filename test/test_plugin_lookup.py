@@ -20,7 +20,7 @@ from unittest import mock
 
 from helpers import PatchToolTestCase, run_cli
 
-from sglang_dsa_fix import resolve
+from sglang_dsa_fix import resolve, resolve_import_path, resolve_result
 
 ENTRY_POINTS = "[sglang.srt.plugins]\nsglang_dsa_fix = sglang_dsa_fix.plugin:register\n"
 # Never resolved here (the child cannot import sglang): what is judged is where the plugin is.
@@ -153,12 +153,20 @@ class TestPluginOnTheTargetsSysPath(PluginLookupTestCase):
 
 class TestTheChildsReport(PluginLookupTestCase):
     def test_a_sys_path_that_is_not_a_list_of_paths_is_refused(self):
-        for bad in ("x", [1], ["a" * (resolve.MAX_PATH_ENTRY + 1)], ["a"] * (resolve.MAX_SYS_PATH + 1)):
+        for bad in (
+            "x",
+            [1],
+            ["a" * (resolve_result.MAX_PATH_ENTRY + 1)],
+            ["a"] * (resolve_result.MAX_SYS_PATH + 1),
+        ):
             with self.subTest(bad=str(bad)[:40]):
                 self.assertIn(
-                    "sys_path", resolve.schema_error({"error_kind": "import", "error": "x", "sys_path": bad})
+                    "sys_path",
+                    resolve_result.schema_error({"error_kind": "import", "error": "x", "sys_path": bad}),
                 )
-        self.assertIsNone(resolve.schema_error({"error_kind": "import", "error": "x", "sys_path": ["/a"]}))
+        self.assertIsNone(
+            resolve_result.schema_error({"error_kind": "import", "error": "x", "sys_path": ["/a"]})
+        )
 
     def test_a_child_without_a_sys_path_leaves_the_lookup_as_before(self):
         # An interpreter that prints a result line without sys_path (an older tool's child).
@@ -173,8 +181,8 @@ class TestTheChildsReport(PluginLookupTestCase):
         fake = self.tmp.parent / f"{self.tmp.name}-fake"
         # As root the tool first asks the interpreter for its sys.path
         # (``resolve_import_path.PROBE``): the fake answers that it has none, then the result line.
-        probed = resolve.PATH_MARK + json.dumps({"path": [], "site": []})
-        fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{probed}' '{resolve.RESULT_MARK}{line}'\n")
+        probed = resolve_import_path.PATH_MARK + json.dumps({"path": [], "site": []})
+        fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{probed}' '{resolve_result.RESULT_MARK}{line}'\n")
         fake.chmod(0o755)
         self.addCleanup(fake.unlink)
         install_plugin(self.tmp)

@@ -5,7 +5,7 @@ import re
 import unittest
 from pathlib import Path
 
-from sglang_dsa_fix import plugin, release, server_status
+from sglang_dsa_fix import backend_layouts, plugin, server_status
 from sglang_dsa_fix.verdicts import Bug, Hook, State, Verdict, combined_exit, judge
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -80,7 +80,7 @@ class TestJudge(unittest.TestCase):
         self.assertEqual(
             {b.value for b in Bug},
             {"page_table", "req_to_token_row", "fa3_page_table"}
-            | {layout.key for layout in release.GRAPH_TABLE_LAYOUTS},
+            | {layout.key for layout in backend_layouts.GRAPH_TABLE_LAYOUTS},
         )
 
 

@@ -36,7 +36,8 @@ import graph_backends
 import torch
 from helpers import PluginRegistration
 
-from sglang_dsa_fix import fa3_width, plugin, runtime_fix, watch
+from sglang_dsa_fix import plugin, runtime_fix, watch
+from sglang_dsa_fix.members.fa3 import tables as fa3_width
 
 REPO = Path(__file__).resolve().parents[1]
 # Other releases as overlays (scripts/release_matrix.py installs them into .matrix/).

@@ -1,7 +1,7 @@
 """Bug #3's relatives: the rule and the locator of their in-tree change (their widths: ``width``).
 
 TRT-LLM MHA, TRT-LLM MLA, FlashMLA and MiniMax sparse NVFP4 size a CUDA-graph table from
-``self.max_context_len`` (``release.GRAPH_TABLE_LAYOUTS`` has each one's expression), while a
+``self.max_context_len`` (``backend_layouts.GRAPH_TABLE_LAYOUTS`` has each one's expression), while a
 target_verify near the context limit asks the kernel for ``seq_len + D`` keys and speculative
 decoding lets ``seq_len`` pass context_len (``width.verify_seq_len_bound``). Measured on the real
 classes: each reads past its table at sglang's own sizes (docs/graph-tables-other-backends.md).
@@ -23,17 +23,17 @@ import ast
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import release, width_source
+from sglang_dsa_fix import backend_layouts, width_source
 from sglang_dsa_fix.pysource import Edit, EditSite, Unclear, byte_offset, kept, kept_method, parse
 from sglang_dsa_fix.verdicts import Bug
 from sglang_dsa_fix.width_source import HOLDS
 
 REPLACED = "self.max_context_len"
 
-LAYOUTS = {Bug(layout.key): layout for layout in release.GRAPH_TABLE_LAYOUTS}
+LAYOUTS = {Bug(layout.key): layout for layout in backend_layouts.GRAPH_TABLE_LAYOUTS}
 
 
-def affected_when(layout: release.GraphTableLayout) -> str:
+def affected_when(layout: backend_layouts.GraphTableLayout) -> str:
     chosen = f"--attention-backend {' / '.join(layout.backends)}" if layout.backends else "the model picks it"
     if layout.reach == "batch":
         return (

@@ -4,7 +4,7 @@ sglang changes every two weeks; the tool judges a tree by what its files hold, n
 release number typed by hand. What differs between releases lives here and nowhere else:
 
 - where each release keeps the code the fixes change (``ROW_SIZING_FILES``, ...; the attention
-  backends' ``LAYOUTS`` and ``GRAPH_TABLE_LAYOUTS`` in ``backend_layouts``, re-exported here):
+  backends' ``LAYOUTS`` and ``GRAPH_TABLE_LAYOUTS`` in ``backend_layouts``):
   found by file layout, so patched forks and release candidates work too;
 - the release's *form* (``FORMS``): how its decode path sizes and fills a ``req_to_token`` row,
   detected from the files (``detected_form``; ``sites.release_form`` reads them) and only
@@ -21,15 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang_dsa_fix.backend_layouts import ATTENTION_DIR as ATTENTION_DIR  # re-exported: see below
-from sglang_dsa_fix.backend_layouts import DSA_BACKENDS as DSA_BACKENDS
-from sglang_dsa_fix.backend_layouts import FA3_BACKENDS as FA3_BACKENDS
 from sglang_dsa_fix.backend_layouts import FA3_LAYOUT, GRAPH_TABLE_LAYOUTS, LAYOUTS
-from sglang_dsa_fix.backend_layouts import VERIFY_MASK_EXPR as VERIFY_MASK_EXPR
-from sglang_dsa_fix.backend_layouts import GraphTableLayout as GraphTableLayout
-
-# ``X as X`` above: re-exported for now, many modules (some not this change's to edit) still
-# name the backends' layouts as ``release.X``; they live in backend_layouts.
 
 # ------------------------------------------------------------------------------ versions
 

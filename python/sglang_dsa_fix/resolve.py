@@ -46,16 +46,9 @@ from sglang_dsa_fix import width
 from sglang_dsa_fix.child_process import MAX_CHILD_OUTPUT, OutputCapExceeded, run_child
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.release import Form
-from sglang_dsa_fix.resolve_import_path import PATH_MARK as PATH_MARK  # re-exported: see below
 from sglang_dsa_fix.resolve_import_path import import_path, refuse_foreign_code
-from sglang_dsa_fix.resolve_result import MAX_PATH_ENTRY as MAX_PATH_ENTRY
-from sglang_dsa_fix.resolve_result import MAX_SYS_PATH as MAX_SYS_PATH
 from sglang_dsa_fix.resolve_result import RESULT_MARK, read_result
-from sglang_dsa_fix.resolve_result import schema_error as schema_error
 from sglang_dsa_fix.tree import SglangTree
-
-# ``X as X`` above: re-exported for now, the tests still name the result line's schema and the
-# root probe's mark as ``resolve.X`` (they live in resolve_result / resolve_import_path).
 
 # name -> what sglang's probes see. mem_mib as the driver reports it.
 GPU_PROFILES = {

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Optional
 
-from sglang_dsa_fix import release, runtime_fix, safe_files, width
+from sglang_dsa_fix import backend_layouts, runtime_fix, safe_files, width
 from sglang_dsa_fix.gpu_profile_patches import profile_patches
 from sglang_dsa_fix.resolve_prove import prove
 from sglang_dsa_fix.resolve_result import FIELDS, MAX_PATH_ENTRY, MAX_SYS_PATH, RESULT_MARK
@@ -314,7 +314,7 @@ def _graph_page_table_width(config: dict, widths: dict) -> dict:
     if (
         not algorithm
         or config.get("disable_cuda_graph")
-        or width.decode_backend(config) not in release.DSA_BACKENDS
+        or width.decode_backend(config) not in backend_layouts.DSA_BACKENDS
     ):
         return {}
     if "row_extra" not in widths:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglang_dsa_fix import release, width, width_source
+from sglang_dsa_fix import backend_layouts, release, width, width_source
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.pysource import Unclear, byte_offset, kept, kept_method, lines_above, live_nodes, parse
 from sglang_dsa_fix.snapshot import TreeFiles
@@ -154,7 +154,7 @@ def backend_file(files: TreeFiles):
     The newest layout whose file exists decides; 0.5.13 - 0.5.20 keep a class-less
     ``nsa_backend.py`` shim beside ``dsa_backend.py``, so a shim only counts when it is alone.
     """
-    for layout in release.LAYOUTS:
+    for layout in backend_layouts.LAYOUTS:
         if files.exists(layout.relative_path):
             return layout, files.path(layout.relative_path)
     return None

@@ -21,7 +21,7 @@ class Bug(enum.Enum):
     PAGE_TABLE = "page_table"  # bug #1: CUDA-graph page_table narrower than req_to_token (crash)
     ROW_OVERFLOW = "req_to_token_row"  # bug #2: spec-v2 row write past the row end (corruption)
     FA3_PAGE_TABLE = "fa3_page_table"  # bug #3: FA3 CUDA-graph page tables a verify outgrows (crash)
-    # bug #3's relatives, the same shape in other backends (release.GRAPH_TABLE_LAYOUTS)
+    # bug #3's relatives, the same shape in other backends (backend_layouts.GRAPH_TABLE_LAYOUTS)
     TRTLLM_MHA_PAGE_TABLE = "trtllm_mha_page_table"
     TRTLLM_MLA_KV_INDICES = "trtllm_mla_kv_indices"
     FLASHMLA_KV_INDICES = "flashmla_kv_indices"

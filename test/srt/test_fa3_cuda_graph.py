@@ -52,7 +52,9 @@ from pathlib import Path
 import graph_backends as g
 import torch
 
-from sglang_dsa_fix import fa3_sites, fa3_width, width
+from sglang_dsa_fix import width
+from sglang_dsa_fix.members.fa3 import sites as fa3_sites
+from sglang_dsa_fix.members.fa3 import tables as fa3_width
 from sglang_dsa_fix.proof import fa3_replay
 from sglang_dsa_fix.proof.fa3_replay import Built, cache_seqlen, replay
 from sglang_dsa_fix.proof.fa3_replay import table_bytes as _table_bytes

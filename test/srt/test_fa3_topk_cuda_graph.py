@@ -41,7 +41,8 @@ from types import SimpleNamespace
 import graph_backends as g
 import torch
 
-from sglang_dsa_fix import fa3_width, width
+from sglang_dsa_fix import width
+from sglang_dsa_fix.members.fa3 import tables as fa3_width
 from sglang_dsa_fix.proof.replay import installed_form
 
 C = 256

@@ -1,6 +1,6 @@
 """Bug #3's relatives: the same graph-table shape in other backends (TRT-LLM MHA / MLA,
 FlashMLA, MiniMax sparse NVFP4, Triton's flat buffers), one member per
-``release.GRAPH_TABLE_LAYOUTS`` entry. The in-tree change is ``graph_tables``' (each width
+``backend_layouts.GRAPH_TABLE_LAYOUTS`` entry. The in-tree change is ``graph_tables``' (each width
 expression over ``req_to_token``'s row); the plugin runs those methods compiled with it
 (``live_edit``, REPLACE hooks)."""
 
@@ -10,7 +10,7 @@ import inspect
 import math
 from typing import Optional
 
-from sglang_dsa_fix import graph_tables, release, replay_checks, width
+from sglang_dsa_fix import backend_layouts, graph_tables, replay_checks, width
 from sglang_dsa_fix.members import HookPlan, Member, WatchKind
 from sglang_dsa_fix.release import WatchTarget
 from sglang_dsa_fix.verdicts import Bug, Verdict
@@ -163,7 +163,7 @@ def rule_for(layout):
             "pages_past_table_with_fix": max(0, read - with_fix),
             "reachable": read > table,
         }
-        if release.VERIFY_MASK_EXPR in found:
+        if backend_layouts.VERIFY_MASK_EXPR in found:
             # The verify tree mask (TRT-LLM MLA 0.5.13 - 0.5.16, FlashMLA 0.5.16): D * (C + D)
             # cells a request; the tree builder writes D * (s + D) a request, with every request
             # of the largest captured batch at the longest verify's s
@@ -226,7 +226,7 @@ TITLES = {
     "triton_kv_indices": "bug #3 Triton verify mask and draft kv_indices (crash)",
 }
 
-MEMBERS = tuple(member(layout) for layout in release.GRAPH_TABLE_LAYOUTS)
+MEMBERS = tuple(member(layout) for layout in backend_layouts.GRAPH_TABLE_LAYOUTS)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ runtime fix, ``width.enforce``), its in-tree change ``sites.page_table_site``.""
 
 from __future__ import annotations
 
-from sglang_dsa_fix import release, replay_checks, sites, width
+from sglang_dsa_fix import backend_layouts, replay_checks, sites, width
 from sglang_dsa_fix.members import ALREADY_WIDE, HookPlan, Member, WatchKind
 from sglang_dsa_fix.release import WatchTarget
 from sglang_dsa_fix.verdicts import Bug, Verdict
@@ -16,7 +16,7 @@ def why_not(inputs: dict) -> str:
         return "no speculative decoding"
     if inputs["cuda_graphs_disabled"]:
         return "CUDA graphs disabled"
-    if inputs["resolved"] and inputs["decode_backend"] not in release.DSA_BACKENDS:
+    if inputs["resolved"] and inputs["decode_backend"] not in backend_layouts.DSA_BACKENDS:
         return f"decode attention backend {inputs['decode_backend']}: no DSA/NSA graph page_table"
     return ""
 

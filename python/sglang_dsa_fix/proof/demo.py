@@ -18,8 +18,9 @@ import hashlib
 
 import torch
 
-from sglang_dsa_fix import fa3_sites, runtime_fix, sites, snapshot, width
+from sglang_dsa_fix import runtime_fix, sites, snapshot, width
 from sglang_dsa_fix import tree as trees
+from sglang_dsa_fix.members.fa3 import sites as fa3_sites
 from sglang_dsa_fix.proof import fa3_backend, fa3_replay, replay, row_overflow
 from sglang_dsa_fix.proof.patched_copy import patched_copy
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang_dsa_fix import fa3_width, width
+from sglang_dsa_fix import width
+from sglang_dsa_fix.members.fa3 import tables as fa3_width
 from sglang_dsa_fix.proof import fa3_backend
 
 SENTINEL = -7  # no page id is negative

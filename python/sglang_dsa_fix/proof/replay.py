@@ -21,13 +21,13 @@ from typing import Optional
 
 import torch
 
-from sglang_dsa_fix import release, width
+from sglang_dsa_fix import backend_layouts, width
 from sglang_dsa_fix.proof.cpu_stand_ins import stand_ins_for
 
 
 def import_backend_class(layout=None):
     """Import the installed backend class (importing sglang). Returns (layout, class) or (None, None)."""
-    for candidate in (layout,) if layout else release.LAYOUTS:
+    for candidate in (layout,) if layout else backend_layouts.LAYOUTS:
         try:
             module = importlib.import_module(candidate.module)
         except ImportError:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sglang_dsa_fix.members.fa3.sites as fa3_sites
 import sglang_dsa_fix.members.fa3.tables as fa3_width
-from sglang_dsa_fix import release, width
+from sglang_dsa_fix import backend_layouts, width
 from sglang_dsa_fix.members import ALREADY_WIDE, HookPlan, Member
 from sglang_dsa_fix.members.fa3.watched import FA3_REPLAY, WATCHES  # noqa: F401 (the unit's watch)
 from sglang_dsa_fix.verdicts import Bug, Verdict
@@ -24,7 +24,7 @@ def why_not(inputs: dict) -> str:
     if inputs["cuda_graphs_disabled"]:
         return "CUDA graphs disabled"
     verify, backend = inputs["verify_backend"], inputs["decode_backend"]
-    if verify not in release.FA3_BACKENDS and backend not in release.FA3_BACKENDS:
+    if verify not in backend_layouts.FA3_BACKENDS and backend not in backend_layouts.FA3_BACKENDS:
         return f"verify / decode attention backend {verify} / {backend}: not FlashAttention (FA3)"
     return ""
 
@@ -136,7 +136,7 @@ def run_enforce(info: dict, result, backend, *args, **kwargs):
 
 
 def hook(files, site, sglang) -> HookPlan:
-    return HookPlan(release.FA3_LAYOUT.hook_target, body=run_enforce)
+    return HookPlan(backend_layouts.FA3_LAYOUT.hook_target, body=run_enforce)
 
 
 MEMBERS = (

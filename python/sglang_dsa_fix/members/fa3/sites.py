@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Optional
 
 import sglang_dsa_fix.members.fa3.tables as fa3_width
-from sglang_dsa_fix import release, width_source
+from sglang_dsa_fix import backend_layouts, width_source
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.pysource import (
     Edit,
@@ -63,8 +63,8 @@ from sglang_dsa_fix.pysource import (
 from sglang_dsa_fix.verdicts import Bug
 from sglang_dsa_fix.width_source import PAGES, TOKENS
 
-RELATIVE_PATH = release.FA3_LAYOUT.relative_path
-CLASS_NAME = release.FA3_LAYOUT.class_name
+RELATIVE_PATH = backend_layouts.FA3_LAYOUT.relative_path
+CLASS_NAME = backend_layouts.FA3_LAYOUT.class_name
 LOCAL_PAGES = "max_num_pages"
 
 COMMENT = (
