@@ -118,13 +118,15 @@ def hook(files, site, sglang) -> HookPlan:
 
 
 def unjudged(found) -> str:
-    """No sizing function to judge, but a spec-v2 reservation of another form (0.5.4)."""
+    """No sizing function to judge, but a spec-v2 reservation (0.5.4 - 0.5.8). Its form differs
+    between these releases (0.5.4 - 0.5.5 seq_lens + A, 0.5.6 - 0.5.8 kv_committed_len + 2A:
+    speculative/eagle_info_v2.py 0.5.4 :92, 0.5.6 :96, 0.5.8 :97) and this tool reads none of it."""
     if not found.spec_v2:
         return ""
     return (
         "this release sizes the req_to_token row inline in model_runner.py beside an opt-in spec-v2 "
-        "decode reservation of another form (0.5.4: --enable-beta-spec, seq_lens + A instead of "
-        "kv_committed_len + 2A); this tool neither judges nor fixes it"
+        "decode reservation (speculative/eagle_info_v2.py) that this tool does not read; it neither "
+        "judges nor fixes it"
     )
 
 
