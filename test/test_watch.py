@@ -396,6 +396,10 @@ class TestFa3Check(unittest.TestCase):
             out = hook(_apply_cuda_graph_metadata, backend, 2, None, seq_lens, 0, None, mode, None, seq_lens)
             self.assertEqual((out, site.count), ("sglang's own", short))
         self.assertEqual((site.width, site.needed), (4, 5))
+        # Lengths that are not on the host are never read (that would wait on the device): not judged.
+        on_device = torch.tensor([300, 3], device="meta")
+        hook(_apply_cuda_graph_metadata, backend, 2, None, on_device, 0, None, mode, None, on_device)
+        self.assertEqual((site.count, site.failed), (2, None))
 
 
 class TestBackendReplays(unittest.TestCase):

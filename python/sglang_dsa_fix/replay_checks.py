@@ -44,9 +44,7 @@ def host_lengths(lengths, bs: int) -> list:
 def longest(arguments) -> Optional[int]:
     """max(seq_lens[:bs]) from the host copy; None where there is none (never sync for it)."""
     seq_lens_cpu, bs = arguments.get("seq_lens_cpu"), arguments.get("bs")
-    if seq_lens_cpu is None or not bs or getattr(seq_lens_cpu, "device", None) is None:
-        return None
-    if seq_lens_cpu.device.type != "cpu":
+    if not bs or getattr(seq_lens_cpu, "is_cpu", False) is not True:  # (a host tensor, or nothing)
         return None
     return max(host_lengths(seq_lens_cpu, bs))
 
@@ -87,7 +85,7 @@ def graph_replay(arguments):
     lengths = getattr(view, "seq_lens_cpu", None)
     if not bs or mode is None or getattr(view, "seq_lens_sum", None) is None:
         return None
-    if getattr(lengths, "device", None) is None or lengths.device.type != "cpu":
+    if getattr(lengths, "is_cpu", False) is not True:  # a host tensor (is_cpu: cheaper than device.type)
         return None
     return backend, view, bs, mode, host_lengths(lengths, bs)
 
