@@ -153,6 +153,19 @@ class TestLayout(unittest.TestCase):
         circles = set(_import_circles(lazy=True)) - set(LAZY_CIRCLES_ALLOWED)
         self.assertEqual([sorted(c) for c in circles], [])
 
+    def test_the_layout_table_names_every_module(self):
+        # The README's layout section is docs/development.md's table: a module it does not name
+        # is one a reader cannot find.
+        table = (PACKAGE.parents[1] / "docs" / "development.md").read_text()
+        unnamed = [
+            str(path.relative_to(PACKAGE))
+            for path in sorted(PACKAGE.rglob("*.py"))
+            if path.name not in ("__init__.py", "__main__.py")
+            and path.name not in table
+            and f"`{path.stem}`" not in table
+        ]
+        self.assertEqual(unnamed, [])
+
     def test_the_checks_see_what_they_check(self):
         # The walk finds the package and the functions in it, and a circle where there is one.
         modules, functions = _sizes()
