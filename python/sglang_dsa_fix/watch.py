@@ -216,8 +216,13 @@ def _row_check_kernel():
 
 
 def _launch_row_check(start_offset, end_offset, counters, slot: int, row_width: int, batch_size: int):
+    import torch
+
     programs = -(-batch_size // _ROW_CHECK_BLOCK)
-    key = (end_offset.device, start_offset.dtype, end_offset.dtype, programs)
+    # The current device too: Triton loads (and launches) the kernel there, whatever the
+    # tensors' device (triton/compiler/compiler.py CompiledKernel._init_handles).
+    current = torch.cuda.current_device() if end_offset.is_cuda else None
+    key = (end_offset.device, current, start_offset.dtype, end_offset.dtype, programs)
     launch = _LAUNCHES.get(key) if row_width < _INT32_LIMIT else None
     if launch is not None:
         launch(start_offset, end_offset, counters, slot, row_width, batch_size, _ROW_CHECK_BLOCK)

@@ -23,9 +23,9 @@ Past context_len (a verify accepts up to steps + 1 tokens: seq_len up to
   the topk > 1 tables left): the widened gather no longer fits the C-wide table and the page 1
   replay raises ``The size of tensor a (C) must match the size of tensor b (seq_len)`` where
   sglang alone was silent: a fix that made the deployment worse (``test_topk1_fix_alone_crashes``);
-- fixed (``fa3_width.enforce`` and the in-tree change, ``fa3_sites``): no raise, every entry the
+- fixed (``fa3_width.enforce`` and the in-tree change, ``members.fa3.sites``): no raise, every entry the
   kernel reads inside its own row and the request's own page id. The runtime form cannot change
-  the replay's host bound (``fa3_sites`` ``host_bound``): on 0.5.16+ without a CPU mirror its
+  the replay's host bound (``members.fa3.sites`` ``host_bound``): on 0.5.16+ without a CPU mirror its
   draft decode reads its own row but the entries past ceil(C / page) pages are unfilled; the
   in-tree change fills them (``test_runtime_fix_limit_without_cpu_mirror`` says so exactly).
 """
@@ -328,7 +328,7 @@ class TestRuntimeFix(Checks, unittest.TestCase):
 
     def test_runtime_fix_limit_without_cpu_mirror(self):
         # Without a CPU mirror the draft decode's gather stops at the host bound ceil(C / page)
-        # (``fa3_sites`` host_bound, in-tree only): the kernel stays inside its own (widened) row,
+        # (``members.fa3.sites`` host_bound, in-tree only): the kernel stays inside its own (widened) row,
         # no worse than sglang alone, but reads LONGEST - C unfilled entries at page 1.
         if not replays_without_cpu_mirror(self.fa3_module()):
             self.skipTest("this release always hands the CPU mirror over (0.5.13 - 0.5.15)")
@@ -345,7 +345,7 @@ class TestRuntimeFix(Checks, unittest.TestCase):
 
 
 class TestInTreeChange(Checks, unittest.TestCase):
-    """``fa3_sites``' edits applied to a temporary copy of the release's file, imported and
+    """``members.fa3.sites``' edits applied to a temporary copy of the release's file, imported and
     driven the same way (no runtime fix)."""
 
     @classmethod

@@ -55,7 +55,7 @@ class TestWatchAddsNoSync(unittest.TestCase):
                         expected[0] += sum(p > 0 for p in past)
                         expected[1] += sum(past)
                         expected[2] = max(expected[2], max(e for _, e in rows))
-                    self.assertIn((device, dtype, dtype, -(-batch // 128)), watch._LAUNCHES)
+                    self.assertIn((device, device.index, dtype, dtype, -(-batch // 128)), watch._LAUNCHES)
         self.assertIsNone(site.failed)
         self.assertEqual(watch._DEVICE_COUNTERS[device][1].tolist(), expected)
 

@@ -78,17 +78,19 @@ _WATCHES: list = []
 
 def registry() -> tuple:
     """Every member, in report order (the units, imported once)."""
-    if not _REGISTRY:
-        for unit in UNITS:
-            _REGISTRY.extend(importlib.import_module(f"{__name__}.{unit}").MEMBERS)
+    if not _REGISTRY:  # built whole, then set: a re-entered first call never adds twice
+        found = [member for unit in UNITS for member in importlib.import_module(f"{__name__}.{unit}").MEMBERS]
+        _REGISTRY[:] = found
     return tuple(_REGISTRY)
 
 
 def watch_kinds() -> tuple:
-    """Every kind the family watch counts: each unit's ``WATCHES``, in report order."""
+    """Every kind the family watch counts: each unit's ``WATCHES``, the row checks first (the
+    watch hooks and reports in this order; ``first_violation`` is the first site with a count)."""
     if not _WATCHES:
-        for unit in (*UNITS, *WATCH_ONLY_UNITS):
-            _WATCHES.extend(getattr(importlib.import_module(f"{__name__}.{unit}"), "WATCHES", ()))
+        units = (importlib.import_module(f"{__name__}.{unit}") for unit in (*UNITS, *WATCH_ONLY_UNITS))
+        found = [kind for unit in units for kind in getattr(unit, "WATCHES", ())]
+        _WATCHES[:] = sorted(found, key=lambda kind: kind.batch_size_at is None)
     return tuple(_WATCHES)
 
 
