@@ -232,8 +232,9 @@ def _launch_row_check(start_offset, end_offset, counters, slot: int, row_width: 
     )
     # Under TRITON_INTERPRET (the CPU tier) there is no compiled kernel: every call takes the
     # JIT path above.
+    # CompiledKernel[grid] indexes grid[0..2] as given (JITFunction.run pads a shorter grid).
     if row_width < _INT32_LIMIT and callable(getattr(compiled, "__getitem__", None)):
-        _LAUNCHES[key] = compiled[(programs,)]
+        _LAUNCHES[key] = compiled[(programs, 1, 1)]
 
 
 def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) -> None:
