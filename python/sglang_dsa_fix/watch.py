@@ -60,10 +60,6 @@ def counter_names() -> dict:
     return {name: kind.counters for name, kind in kinds().items()}
 
 
-def _on_device(kind: str) -> bool:
-    return kinds()[kind].batch_size_at is not None
-
-
 def enabled(value: Optional[str] = None) -> bool:
     value = os.environ.get(WATCH_ENV, "") if value is None else value
     return value.strip().lower() in ON_VALUES
@@ -134,8 +130,8 @@ def hooks(version_or_tree_info=None, resolve: bool = True) -> list[tuple[str, st
         site = _SITES.get(candidate.target)
         if site is None:
             site = Site(candidate.kind, candidate.target, candidate.buffer)
-            if _on_device(site.kind):
-                site.slot = sum(_on_device(s.kind) for s in _SITES.values())
+            if kinds()[site.kind].batch_size_at is not None:  # checked on the device: a counters row
+                site.slot = sum(s.slot >= 0 for s in _SITES.values())
                 assert site.slot < MAX_DEVICE_SITES
             _SITES[candidate.target] = site
         out.append((candidate.target, AROUND, _hook(kinds()[candidate.kind], site)))
@@ -320,7 +316,7 @@ def _site_counts(read=None):
     """(site, count, columns, needed) per hooked site; ``read`` as for ``_read_device_counters``."""
     device = _read_device_counters(read) if _DEVICE_COUNTERS else None
     for site in _SITES.values():
-        if _on_device(site.kind):
+        if site.slot >= 0:  # a device-checked site (its counters row)
             yield (site, *(device[site.slot] if device else (0, 0, 0)))
         else:
             yield site, site.count, site.columns, site.needed
@@ -348,7 +344,7 @@ def report() -> dict:
     out[GRAPH_TOTAL] = 0
     first, failed = None, {}
     for site, count, columns, needed in _site_counts():
-        if not _on_device(site.kind):
+        if site.slot < 0:
             out[GRAPH_TOTAL] += count
         sites_name, columns_name = names[site.kind]
         out[sites_name] += count
