@@ -219,6 +219,42 @@ class TestRowCheck(unittest.TestCase):
         finally:
             watch.reset()
 
+    def test_positional_and_named_arguments_count_the_same(self):
+        # The row hook reads sglang's positional arguments by index, named ones by name.
+        site = watch.Site("row_write", "test.arguments", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        hook = watch._hook(watch.kinds()["row_write"], site)
+        calls = []
+        pool, rows = torch.zeros(4, 10, dtype=torch.int32), torch.arange(3)
+        start, end = torch.tensor([8, 2, 9]), torch.tensor([12, 5, 9])
+        try:
+            hook(lambda *a, **k: calls.append((a, k)), rows, pool, start, end, None, 3)
+            hook(
+                lambda *a, **k: calls.append((a, k)),
+                rows,
+                pool,
+                end_offset=end,
+                start_offset=start,
+                out_cache_loc=None,
+                batch_size=3,
+            )
+            counters = watch._DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
+        finally:
+            watch.reset()
+        self.assertIsNone(site.failed)
+        self.assertEqual(len(calls), 2)  # sglang's function still called, with its arguments
+        self.assertEqual(counters, [2, 4, 12])
+
+    def test_direct_launch_spells_the_installed_triton_runner_call(self):
+        # watch._direct_launch makes CompiledKernel[grid]'s own launcher call, and only where the
+        # installed Triton spells it as watch._RUNNER_CALL: a Triton that changes it fails here
+        # (the GPU tier, test/srt/test_watch_cuda.py, runs the launch itself).
+        import inspect
+
+        from triton.compiler.compiler import CompiledKernel
+
+        form = " ".join(inspect.getsource(CompiledKernel.__getitem__).split())
+        self.assertIn(watch._RUNNER_CALL, form)
+
 
 class TestRowWritesInstalled(unittest.TestCase):
     """bug #2 on the installed release (0.5.14): D 8+ overflows at page 1 and 64 (D - 7 columns)."""

@@ -90,6 +90,7 @@ _logged = set()
 def reset() -> None:
     """Zero every counter (tests); the hooks stay."""
     _DEVICE_COUNTERS.clear()
+    _LAUNCHES.clear()  # each holds its device's counters
     _logged.clear()
     for site in _SITES.values():
         site.width, site.count, site.columns, site.needed, site.failed = None, 0, 0, 0, None
@@ -162,22 +163,36 @@ def _counters(device):
     return counters
 
 
-def _capturing(device) -> bool:
-    import torch
+_CUDA = None
 
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+def _cuda():
+    """torch.cuda, imported once (an import statement per call costs host time on the hot path)."""
+    global _CUDA
+    if _CUDA is None:
+        import torch.cuda
+
+        _CUDA = torch.cuda
+    return _CUDA
 
 
 _KERNEL = None
 _ROW_CHECK_BLOCK = 128  # rows per program
-# (device, start dtype, end dtype, programs) -> the compiled kernel's own launcher. Triton's JIT
-# launch (binder, cache key, globals check: triton/runtime/jit.py JITFunction.run, 3.6 - 3.8) is
+# (device, current device, start dtype, end dtype, programs) -> launch (_direct_launch). Triton's JIT
+# launch (binder, cache key, globals check: triton/runtime/jit.py JITFunction.run, 3.6 and 3.8) is
 # most of a row check's host time (about 16 us per call on the H100, benchmark/watch_overhead.py);
-# CompiledKernel[grid] (triton/compiler/compiler.py) launches the same kernel without it. The key
+# after the first call the compiled kernel is launched without it (``_direct_launch``). The key
 # is everything the kernel is specialised on: the pointers' dtypes (not their alignment, see
 # do_not_specialize_on_alignment) and, for ints below 2**31, nothing.
 _LAUNCHES: dict = {}
 _INT32_LIMIT = 2**31
+# How CompiledKernel[grid]'s runner calls the compiled launcher (triton/compiler/compiler.py
+# __getitem__, Triton 3.6 and 3.8), whitespace collapsed: ``_direct_launch`` makes the same call only
+# where the installed Triton spells it so.
+_RUNNER_CALL = (
+    "self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata, launch_metadata, "
+    "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)"
+)
 
 
 def _row_check_kernel():
@@ -211,26 +226,62 @@ def _row_check_kernel():
     return _KERNEL
 
 
-def _launch_row_check(start_offset, end_offset, counters, slot: int, row_width: int, batch_size: int):
-    import torch
+def _direct_launch(compiled, programs: int, device: Optional[int], counters):
+    """launch(start, end, slot, row_width, batch_size) of the compiled kernel into ``counters``,
+    as CompiledKernel[grid]'s runner launches it, without what the runner adds per call: the
+    current device and stream looked up through the driver proxy, and launch_metadata, a LazyDict
+    built on every launch because Triton's launch hooks are a HookChain, never None (about 2 us of
+    a runner call's 8 on the H100). Where the installed Triton's runner does not spell
+    ``_RUNNER_CALL`` the runner itself launches; so does every call while a launch hook is
+    registered (a profiler): the runner gives the hook its metadata."""
+    import inspect
 
-    programs = -(-batch_size // _ROW_CHECK_BLOCK)
-    # The current device too: Triton loads (and launches) the kernel there, whatever the
-    # tensors' device (triton/compiler/compiler.py CompiledKernel._init_handles).
-    current = torch.cuda.current_device() if end_offset.is_cuda else None
-    key = (end_offset.device, current, start_offset.dtype, end_offset.dtype, programs)
-    launch = _LAUNCHES.get(key) if row_width < _INT32_LIMIT else None
-    if launch is not None:
-        launch(start_offset, end_offset, counters, slot, row_width, batch_size, _ROW_CHECK_BLOCK)
-        return
+    import triton
+    from triton import knobs
+
+    runner = compiled[(programs, 1, 1)]  # also loads the kernel on the current device
+
+    def through_runner(start, end, slot, row_width, batch_size):
+        runner(start, end, counters, slot, row_width, batch_size, _ROW_CHECK_BLOCK)
+
+    try:
+        form = " ".join(inspect.getsource(type(compiled).__getitem__).split())
+        get_stream, runtime = triton.runtime.driver.active.get_current_stream, knobs.runtime
+    except (OSError, TypeError, AttributeError):
+        return through_runner
+    if _RUNNER_CALL not in form:
+        return through_runner
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    counters_at = counters.data_ptr()
+
+    def launch(start, end, slot, row_width, batch_size):
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if getattr(enter, "calls", enter) or getattr(leave, "calls", leave):
+            runner(start, end, counters, slot, row_width, batch_size, _ROW_CHECK_BLOCK)
+        else:
+            # Addresses as ints, as the launcher reads them from a tensor's data_ptr(): the
+            # counters' is fixed (about 0.2 us less per pointer than a tensor, on the H100).
+            stream = get_stream(device)
+            run(programs, 1, 1, stream, function, metadata, None, None, None,
+                start.data_ptr(), end.data_ptr(), counters_at, slot, row_width, batch_size,
+                _ROW_CHECK_BLOCK)  # fmt: skip
+
+    launch.direct = True
+    return launch
+
+
+def _new_launch(start_offset, end_offset, slot: int, row_width: int, batch_size: int, key: tuple) -> None:
+    """The first row check of a key: Triton's JIT launch (compiles the kernel once per process);
+    the compiled kernel's launch is kept for the key's later calls."""
+    counters = _counters(end_offset.device)
+    programs, current = key[4], key[1]
     compiled = _row_check_kernel()[(programs,)](
         start_offset, end_offset, counters, slot, row_width, batch_size, BLOCK=_ROW_CHECK_BLOCK
     )
     # Under TRITON_INTERPRET (the CPU tier) there is no compiled kernel: every call takes the
-    # JIT path above.
-    # CompiledKernel[grid] indexes grid[0..2] as given (JITFunction.run pads a shorter grid).
+    # JIT path.
     if row_width < _INT32_LIMIT and callable(getattr(compiled, "__getitem__", None)):
-        _LAUNCHES[key] = compiled[(programs, 1, 1)]
+        _LAUNCHES[key] = _direct_launch(compiled, programs, current, counters)
 
 
 def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) -> None:
@@ -239,37 +290,54 @@ def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) 
     The kernel writes (reads) columns [start, end) of row req_pool_indices[i] for i < batch_size,
     at ``req_to_token + row * width + col`` (0.5.14 triton_ops/cache_locs.py:15-46), so every
     column >= width is a cell of a later row. A row with start >= end touches nothing.
+    This runs on every decode step (twice): each line here is host time (watch_overhead.py).
     """
-    import torch
-
-    if isinstance(batch_size, torch.Tensor):  # sglang passes an int; never read a device value
-        batch_size = end_offset.shape[0]
-    batch_size = min(int(batch_size), start_offset.shape[0], end_offset.shape[0])
-    if not batch_size or _capturing(end_offset.device):
+    if type(batch_size) is not int:  # sglang passes an int; a device value is never read
+        batch_size = end_offset.shape[0] if hasattr(batch_size, "device") else int(batch_size)
+    if batch_size > end_offset.shape[0] or batch_size > start_offset.shape[0]:
+        batch_size = min(start_offset.shape[0], end_offset.shape[0])
+    if batch_size <= 0:
+        return
+    on_cuda = end_offset.is_cuda
+    if on_cuda and _cuda().is_current_stream_capturing():
         return
     if not (start_offset.is_contiguous() and end_offset.is_contiguous()):  # the kernel reads stride 1
         start_offset, end_offset = start_offset.contiguous(), end_offset.contiguous()
-    row_width = int(req_to_token.shape[1])
+    row_width = req_to_token.shape[1]
     if site.width is None:
         site.width = row_width
-    # Launched on the current device, as sglang launches the kernel it watches on these tensors.
-    # The whole counters tensor and the site's row number: no view made per call (about 1.6 us).
-    _launch_row_check(
-        start_offset, end_offset, _counters(end_offset.device), site.slot, row_width, batch_size
+    # The current device too: Triton loads (and launches) the kernel there, as sglang launches
+    # the kernel it watches, whatever the tensors' device (CompiledKernel._init_handles).
+    key = (
+        end_offset.device,
+        _cuda().current_device() if on_cuda else None,
+        start_offset.dtype,
+        end_offset.dtype,
+        -(-batch_size // _ROW_CHECK_BLOCK),
     )
+    launch = _LAUNCHES.get(key) if row_width < _INT32_LIMIT else None
+    if launch is None:
+        _new_launch(start_offset, end_offset, site.slot, row_width, batch_size, key)
+    else:  # the whole counters tensor and the site's row number: no view made per call
+        launch(start_offset, end_offset, site.slot, row_width, batch_size)
 
 
 def _row_hook(site: Site, batch_size_at: int):
+    last = max(3, batch_size_at)
+
     def watch_rows(original_fn, *args, **kwargs):
         if site.failed is None:
             try:
-                _check_rows(
-                    site,
-                    _arg(args, kwargs, 1, "req_to_token"),
-                    _arg(args, kwargs, 2, "start_offset"),
-                    _arg(args, kwargs, 3, "end_offset"),
-                    _arg(args, kwargs, batch_size_at, "batch_size"),
-                )
+                if len(args) > last:  # positional, as sglang calls them: no lookups by name
+                    _check_rows(site, args[1], args[2], args[3], args[batch_size_at])
+                else:
+                    _check_rows(
+                        site,
+                        _arg(args, kwargs, 1, "req_to_token"),
+                        _arg(args, kwargs, 2, "start_offset"),
+                        _arg(args, kwargs, 3, "end_offset"),
+                        _arg(args, kwargs, batch_size_at, "batch_size"),
+                    )
             except Exception as exc:  # never break sglang
                 _fail(site, exc)
         return original_fn(*args, **kwargs)

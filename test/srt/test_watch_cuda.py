@@ -33,9 +33,28 @@ class TestWatchAddsNoSync(unittest.TestCase):
 
     def test_compiled_launch_counts_as_the_jit_launch(self):
         # After its first call per (device, dtypes, programs) the row check launches the compiled
-        # kernel directly (watch._LAUNCHES): every later call must count what a host reference
-        # counts, for both offset dtypes, views at odd offsets (no alignment assumed) and batch
-        # sizes of one to three programs.
+        # kernel directly (watch._LAUNCHES, watch._direct_launch): every later call must count
+        # what a host reference counts, for both offset dtypes, views at odd offsets (no alignment
+        # assumed) and batch sizes of one to three programs.
+        self._count_as_the_host_reference(direct=True)
+
+    def test_a_registered_launch_hook_gets_the_runner_and_its_metadata(self):
+        # While a launch hook is registered (a profiler), the cached launch goes through
+        # CompiledKernel[grid]'s runner, which hands the hook its metadata; the counts are the same.
+        from triton import knobs
+
+        seen = []
+
+        def hook(metadata):
+            seen.append(metadata.get()["name"])
+
+        knobs.runtime.launch_enter_hook.add(hook)
+        self.addCleanup(knobs.runtime.launch_enter_hook.remove, hook)
+        self._count_as_the_host_reference(direct=True)
+        self.assertEqual(set(seen), {"row_check"})
+        self.assertEqual(len(seen), 2 * 3 * 3 * 3)  # every call: the JIT one and the cached ones
+
+    def _count_as_the_host_reference(self, direct: bool):
         site = watch.Site("row_write", "test.compiled", "req_to_token", slot=1)
         generator = torch.Generator().manual_seed(0)
         expected = [0, 0, 0]
@@ -55,7 +74,8 @@ class TestWatchAddsNoSync(unittest.TestCase):
                         expected[0] += sum(p > 0 for p in past)
                         expected[1] += sum(past)
                         expected[2] = max(expected[2], max(e for _, e in rows))
-                    self.assertIn((device, device.index, dtype, dtype, -(-batch // 128)), watch._LAUNCHES)
+                    launch = watch._LAUNCHES[(device, device.index, dtype, dtype, -(-batch // 128))]
+                    self.assertEqual(getattr(launch, "direct", False), direct)
         self.assertIsNone(site.failed)
         self.assertEqual(watch._DEVICE_COUNTERS[device][1].tolist(), expected)
 
