@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from sglang_dsa_fix import backend_layouts, width_source
-from sglang_dsa_fix.pysource import Edit, EditSite, Unclear, byte_offset, kept, kept_method, parse
+from sglang_dsa_fix.pysource import Edit, EditSite, Unclear, by_source, byte_offset, kept, kept_method, parse
 from sglang_dsa_fix.verdicts import Bug
 from sglang_dsa_fix.width_source import HOLDS
 
@@ -138,7 +138,11 @@ def locate(bug: Bug, data: bytes, path: Path) -> EditSite:
     spelling of upstream's own (``HELD``) and none of sglang's left: ``fixed_upstream``. The
     change carries no comment of this tool's (``marked`` False): only a backup shows who wrote
     it (``classify``)."""
-    layout = LAYOUTS[bug]
+    return _locate(LAYOUTS[bug], bug, data, path)
+
+
+@by_source
+def _locate(layout, bug: Bug, data: bytes, path: Path) -> EditSite:
     module = parse(path, data)
     lines = data.splitlines(keepends=True)
     common = dict(bug=bug, path=path, data=data, affected_when=affected_when(layout), marked=False)

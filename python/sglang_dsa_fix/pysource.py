@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import threading
 import tokenize
 from dataclasses import dataclass
@@ -48,6 +49,15 @@ _PARSED_LOCK = threading.Lock()
 # and ast.unparse overflowed the stack from 350 levels.
 MAX_SOURCE_BYTES = 1 << 20
 MAX_NESTING = 100
+
+
+def by_source(locate):
+    """``locate`` (a member's locator over one file's bytes: a pure function of its hashable
+    arguments, the bytes among them, returning a frozen ``EditSite``) remembered for the last
+    few contents, as ``parse`` remembers trees: one run asks a site more than once (the tree,
+    its backups, apply's re-read before writing) and the tests ask it of the same bytes
+    hundreds of times; the bytes alone decide the answer. A ToolError is not remembered."""
+    return functools.lru_cache(maxsize=_PARSED_MAX)(locate)
 
 
 def _nesting_over(module: ast.AST, limit: int) -> bool:

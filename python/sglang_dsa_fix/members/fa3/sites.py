@@ -54,6 +54,7 @@ from sglang_dsa_fix.pysource import (
     Edit,
     EditSite,
     Unclear,
+    by_source,
     byte_offset,
     kept,
     kept_method,
@@ -272,6 +273,7 @@ def _methods(module: ast.Module) -> tuple:
     return cls, {name: cls and kept_method(module, cls, name) for name in names}
 
 
+@by_source
 def locate(data: bytes, path: Path = Path(RELATIVE_PATH)) -> EditSite:
     """Bug #3's edits in these bytes of flashattention_backend.py. ToolError if unrecognised.
 
