@@ -11,7 +11,7 @@ from unittest import mock
 
 from helpers import INSTALLED
 
-from sglang_dsa_fix import members, sites
+from sglang_dsa_fix import classify, members, sites
 from sglang_dsa_fix.members import HookPlan
 from sglang_dsa_fix.proof import contract
 from sglang_dsa_fix.verdicts import Bug
@@ -122,6 +122,12 @@ class TestAMemberMissingAnObligationFails(unittest.TestCase):
         registry = [member if m.bug is member.bug else m for m in members.registry()]
         with mock.patch.object(members, "_REGISTRY", registry):  # (check asks the registry)
             self.assertFails(member, "not fixed_upstream")
+
+    def test_a_plugin_that_labels_this_tools_change_upstreams(self):
+        # What the plugin said of the relatives before it asked the backup (it judges each file
+        # without one): a change apply wrote, in upstream's spelling, reported fixed_upstream.
+        with mock.patch.object(classify, "applied_by_this_tool", return_value=False):
+            self.assertFails(members.of(Bug.TRITON_KV_INDICES), "the plugin reports fixed_upstream")
 
     def test_a_locator_that_judges_the_first_definition(self):
         # What every locator did before ``pysource.kept``: the first class / method of the name.

@@ -119,6 +119,24 @@ def _state(files: TreeFiles, found: members.Found, member: members.Member) -> Bu
     return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
 
 
+def applied_by_this_tool(files: TreeFiles, state: BugState) -> bool:
+    """Is a ``fixed_upstream`` judged without backups (the plugin, ``use_backups=False``) this
+    tool's change after all? A change with no comment of its own (the graph-table relatives')
+    reads as upstream's same spelling; the backup beside the file, affected, that ``apply``
+    turns into these very bytes, says ``apply`` wrote it: ``fixed_in_tree``, as ``check`` says.
+    Only the label: nothing is hooked either way. Any doubt (no backup, unreadable, another
+    form) is False."""
+    site = state.site
+    if state.verdict is not Verdict.FIXED_UPSTREAM or site is None or files.use_backups:
+        return False
+    try:
+        backup = snapshot.backup_of(site.path)
+    except OSError:
+        return False
+    original = None if backup is None else members.site_in(site, files, backup)
+    return original is not None and not original.patched_here and original.patched_bytes() == site.data
+
+
 def states(files: TreeFiles) -> list:
     """One BugState per bug. ToolError when a file is not recognised or was hand-edited."""
     judged = each_state(files)

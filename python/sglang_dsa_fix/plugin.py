@@ -381,6 +381,8 @@ def decide(sglang=None) -> list:
         # where the width is already right).
         hooked = State.PROTECTED_BY_PLUGIN, Hook.INSTALLED
         if verdict not in (Verdict.AFFECTED, Verdict.STALE_BYTECODE):
+            if classify.applied_by_this_tool(files, state):  # (read without backups)
+                verdict = Verdict.FIXED_IN_TREE
             plans.append(Plan(bug, verdict.state, Hook.NONE))
         elif not enabled(switch):
             plans.append(Plan(bug, State.AFFECTED, Hook.DISABLED, f"{KILL_SWITCH}={switch.strip()}"))

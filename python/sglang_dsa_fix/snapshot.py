@@ -96,12 +96,18 @@ def read(tree: SglangTree, use_backups: bool = True, lock: bool = True) -> TreeF
         backup, error = None, None
         if use_backups:
             try:
-                loc = locate(path)
-                backup = read_existing(loc.sibling(loc.name + BACKUP_SUFFIX))
+                backup = backup_of(path)
             except OSError as exc:
                 error = exc
         views[relative] = FileView(path, data, backup, backup_path(path), error, _bytecode_headers(path))
     return TreeFiles(tree, views, use_backups)
+
+
+def backup_of(path: Path) -> Optional[bytes]:
+    """The bytes of the backup beside ``path`` (None: there is none). OSError where it cannot
+    be read."""
+    loc = locate(path)
+    return read_existing(loc.sibling(loc.name + BACKUP_SUFFIX))
 
 
 def _is_file(path: Path, relative: str) -> bool:

@@ -9,7 +9,8 @@ contract), driving the real flow on a disposable copy of the release's files (``
 - the watch: each of its kinds is a counter of the family watch, or it says why none sees it;
 - the tree: with no site, ``not_applicable`` (its ``absent`` text) or ``cannot_tell`` (its
   ``unjudged`` text); affected, its change alone written as ``apply`` writes it (the file and
-  its backup) reads ``fixed_in_tree``, applying it again changes nothing, and ``revert``
+  its backup) reads ``fixed_in_tree`` (in ``check`` and in the plugin, which reads no backups
+  for its decisions), applying it again changes nothing, and ``revert``
   restores the file byte for byte; the same change as upstream would spell it (no comment of
   this tool's, no backup) reads ``fixed_upstream`` and ``apply`` leaves it; with the changed
   definition defined again after it as sglang wrote it, the member reads ``affected`` and
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from sglang_dsa_fix import classify, members, pysource, release, snapshot, source_patch, tree, watch, width
 from sglang_dsa_fix.errors import ToolError
-from sglang_dsa_fix.verdicts import Bug, Verdict
+from sglang_dsa_fix.verdicts import Bug, State, Verdict
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NGRAM", "DFLASH", "STANDALONE", "A_FUTURE_ALGORITHM", None)
 BACKENDS = ("fa3", "triton", "dsa", "trtllm_mha", "trtllm_mla", "flashmla", "flashinfer")
@@ -134,6 +135,9 @@ def _tree(member, sglang) -> list:
     after = _state(sglang, member.bug)
     if after.verdict is not Verdict.FIXED_IN_TREE:
         out.append(f"after its change: {after.verdict.value}, not fixed_in_tree")
+    reported = next(plan.state for plan in plugin.decide(sglang) if plan.bug is member.bug)
+    if reported is not State.FIXED_IN_TREE:  # the plugin reads no backups: the same answer
+        out.append(f"after its change the plugin reports {reported.token}, not fixed_in_tree")
     source_patch.apply(sglang)  # the other members' changes: this file must stay as it is
     if site.path.read_bytes() != patched:
         out.append("apply changes its file again")
