@@ -355,3 +355,20 @@ class TestTheOlderMlaForm(FormsTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestRememberedAnswers(FormsTestCase):
+    def test_a_locator_answers_by_the_bytes_and_the_plugin_forgets_them(self):
+        # pysource.by_source: the same bytes, the same (remembered) answer; other bytes, their
+        # own; forget_parsed (the plugin, once its decisions are made) keeps no file's bytes.
+        from sglang_dsa_fix import pysource
+        from sglang_dsa_fix.members.fa3 import sites as fa3_sites
+
+        data = self.fa3.read_bytes()
+        first = fa3_sites.locate(data, self.fa3)
+        self.assertIs(fa3_sites.locate(data, self.fa3), first)
+        patched = fa3_sites.locate(first.patched_bytes(), self.fa3)
+        self.assertTrue(patched.patched_here and not first.patched_here)
+        pysource.forget_parsed()
+        self.assertEqual(fa3_sites.locate.cache_info().currsize, 0)
+        self.assertEqual(graph_tables._locate.cache_info().currsize, 0)

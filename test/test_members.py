@@ -126,7 +126,7 @@ class TestAMemberMissingAnObligationFails(unittest.TestCase):
     def test_a_plugin_that_labels_this_tools_change_upstreams(self):
         # What the plugin said of the relatives before it asked the backup (it judges each file
         # without one): a change apply wrote, in upstream's spelling, reported fixed_upstream.
-        with mock.patch.object(classify, "applied_by_this_tool", return_value=False):
+        with mock.patch.object(classify, "judged_with_its_backup", side_effect=lambda files, state: state):
             self.assertFails(members.of(Bug.TRITON_KV_INDICES), "the plugin reports fixed_upstream")
 
     def test_a_locator_that_judges_the_first_definition(self):

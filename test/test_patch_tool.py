@@ -16,8 +16,9 @@ from pathlib import Path
 
 from helpers import INSTALLED, PAGE_TABLE_SITE, PatchToolTestCase, run_cli, tree_state
 
-from sglang_dsa_fix import backend_layouts, classify, cli, snapshot, source_patch
+from sglang_dsa_fix import backend_layouts, classify, cli, graph_tables, snapshot, source_patch, tree
 from sglang_dsa_fix.errors import ToolError
+from sglang_dsa_fix.verdicts import Bug
 
 
 def sha(data: bytes) -> str:
@@ -163,6 +164,31 @@ class TestBytecode(PatchToolTestCase):
         self.assertIn("fixed in source, but Python loads stale bytecode", out)
         self.assertEqual(self.cli("apply")[0], 0)  # apply cleans it up
         self.assertEqual(self.cli("check")[0], 0)
+
+    def test_the_plugin_says_what_check_says_of_a_relative_apply_changed(self):
+        # The plugin judges files without their backups; a relative's change carries no comment
+        # of this tool's, so only the backup tells it from upstream's: fixed_in_tree, and with
+        # the pristine file's bytecode left beside it, stale_bytecode (hooked), as check says.
+        from sglang_dsa_fix import plugin
+        from sglang_dsa_fix.verdicts import Hook, State
+
+        triton = self.package / graph_tables.LAYOUTS[Bug.TRITON_KV_INDICES].relative_path
+        self.assertEqual(self.cli("apply")[0], 0)
+
+        def planned():
+            return next(
+                p for p in plugin.decide(tree.find_tree(str(self.tmp))) if p.bug is Bug.TRITON_KV_INDICES
+            )
+
+        self.assertEqual((planned().state, planned().hook), (State.FIXED_IN_TREE, Hook.NONE))
+        patched = triton.read_bytes()
+        triton.write_bytes(self.relatives[triton])
+        self.compile_unchecked(triton)
+        triton.write_bytes(patched)
+        rc, out, _ = self.cli("check", "-v")
+        self.assertEqual(rc, 1, out)
+        self.assertEqual((planned().state, planned().hook), (State.PROTECTED_BY_PLUGIN, Hook.INSTALLED))
+        self.assertTrue(planned().replace is not None)
 
     def test_revert_says_the_bytecode_apply_removed_is_not_restored(self):
         # Issue 34 item 8: pip installs timestamp .pycs beside sglang's files; apply removes
@@ -318,7 +344,6 @@ class TestBadInput(PatchToolTestCase):
         self.assertEqual(self.cli("check")[0], 1)  # the new file, judged by itself
 
     def test_the_plugin_does_not_depend_on_backups(self):
-        from sglang_dsa_fix import tree
 
         foreign = self.sizing.with_name(self.sizing.name + ".sglang-dsa-fix.orig")
         foreign.write_bytes(b"# not what this tool wrote\n")

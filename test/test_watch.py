@@ -244,6 +244,19 @@ class TestRowCheck(unittest.TestCase):
         self.assertEqual(len(calls), 2)  # sglang's function still called, with its arguments
         self.assertEqual(counters, [2, 4, 12])
 
+    def test_a_numpy_batch_size_is_read_as_its_value(self):
+        # (numpy 2's integers have a .device too: only a tensor's value is left unread.)
+        import numpy
+
+        site = watch.Site("row_write", "test.numpy", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        start, end = torch.tensor([8, 2, 9]), torch.tensor([12, 5, 15])
+        try:
+            watch._check_rows(site, torch.zeros(4, 10, dtype=torch.int32), start, end, numpy.int64(2))
+            counters = watch._DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
+        finally:
+            watch.reset()
+        self.assertEqual(counters, [1, 2, 12])
+
     def test_direct_launch_spells_the_installed_triton_runner_call(self):
         # watch._direct_launch makes CompiledKernel[grid]'s own launcher call, and only where the
         # installed Triton spells it as watch._RUNNER_CALL: a Triton that changes it fails here

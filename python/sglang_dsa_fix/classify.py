@@ -119,22 +119,29 @@ def _state(files: TreeFiles, found: members.Found, member: members.Member) -> Bu
     return BugState(bug, Verdict.AFFECTED, site, site.data, detail=detail)
 
 
-def applied_by_this_tool(files: TreeFiles, state: BugState) -> bool:
-    """Is a ``fixed_upstream`` judged without backups (the plugin, ``use_backups=False``) this
-    tool's change after all? A change with no comment of its own (the graph-table relatives')
-    reads as upstream's same spelling; the backup beside the file, affected, that ``apply``
-    turns into these very bytes, says ``apply`` wrote it: ``fixed_in_tree``, as ``check`` says.
-    Only the label: nothing is hooked either way. Any doubt (no backup, unreadable, another
-    form) is False."""
-    site = state.site
-    if state.verdict is not Verdict.FIXED_UPSTREAM or site is None or files.use_backups:
-        return False
+def judged_with_its_backup(files: TreeFiles, state: BugState) -> BugState:
+    """A ``fixed_upstream`` judged without backups (the plugin, ``use_backups=False``), judged
+    again where the backup beside the file says ``apply`` wrote it: a change with no comment of
+    its own (the graph-table relatives') reads as upstream's same spelling, but a backup, affected,
+    that ``apply`` turns into these very bytes makes it ``fixed_in_tree``, or ``stale_bytecode``
+    where Python loads bytecode of other source, as ``check`` says. Any doubt (no backup,
+    unreadable, another form) keeps ``state``. The plugin's decisions stay its own: only a
+    stale bytecode case is hooked, as every stale one is."""
+    if state.verdict is not Verdict.FIXED_UPSTREAM or state.site is None or files.use_backups:
+        return state
     try:
-        backup = snapshot.backup_of(site.path)
+        backup = snapshot.backup_of(state.site.path)
     except OSError:
-        return False
-    original = None if backup is None else members.site_in(site, files, backup)
-    return original is not None and not original.patched_here and original.patched_bytes() == site.data
+        return state
+    site = None if backup is None else members.of(state.bug).locate(files)  # as located: not as upstream's
+    original = None if site is None else members.site_in(site, files, backup)
+    if original is None or original.patched_here or original.patched_bytes() != site.data:
+        return state
+    view = next(view for view in files.views.values() if view.path == site.path)
+    stale = stale_bytecode(view.bytecode, site.data)
+    return BugState(
+        state.bug, Verdict.STALE_BYTECODE if stale else Verdict.FIXED_IN_TREE, site, backup, stale
+    )
 
 
 def states(files: TreeFiles) -> list:

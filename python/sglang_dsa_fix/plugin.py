@@ -376,13 +376,12 @@ def decide(sglang=None) -> list:
     plans = []
     switch = kill_switch_value()
     for state in classify.states(files):
+        state = classify.judged_with_its_backup(files, state)  # (read without backups)
         bug, verdict, site = state.bug, state.verdict, state.site
         # Stale bytecode means the pristine code is what runs: hook it (the hooks are no-ops
         # where the width is already right).
         hooked = State.PROTECTED_BY_PLUGIN, Hook.INSTALLED
         if verdict not in (Verdict.AFFECTED, Verdict.STALE_BYTECODE):
-            if classify.applied_by_this_tool(files, state):  # (read without backups)
-                verdict = Verdict.FIXED_IN_TREE
             plans.append(Plan(bug, verdict.state, Hook.NONE))
         elif not enabled(switch):
             plans.append(Plan(bug, State.AFFECTED, Hook.DISABLED, f"{KILL_SWITCH}={switch.strip()}"))

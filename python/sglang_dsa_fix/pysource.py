@@ -57,7 +57,12 @@ def by_source(locate):
     few contents, as ``parse`` remembers trees: one run asks a site more than once (the tree,
     its backups, apply's re-read before writing) and the tests ask it of the same bytes
     hundreds of times; the bytes alone decide the answer. A ToolError is not remembered."""
-    return functools.lru_cache(maxsize=_PARSED_MAX)(locate)
+    remembered = functools.lru_cache(maxsize=_PARSED_MAX)(locate)
+    _REMEMBERED.append(remembered)
+    return remembered
+
+
+_REMEMBERED: list = []  # the locators by_source made (forget_parsed clears them too)
 
 
 def _nesting_over(module: ast.AST, limit: int) -> bool:
@@ -98,9 +103,12 @@ def parse(path: Path, data: bytes) -> ast.Module:
 
 def forget_parsed() -> None:
     """Drop the kept trees (the plugin calls it once its decisions are made: a scheduler process
-    should not hold sglang's parsed files for its whole life)."""
+    should not hold sglang's parsed files for its whole life), and the locators' answers, which
+    hold the files' bytes."""
     with _PARSED_LOCK:
         _PARSED.clear()
+    for remembered in _REMEMBERED:
+        remembered.cache_clear()
 
 
 @dataclass(frozen=True)

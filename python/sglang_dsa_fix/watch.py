@@ -178,12 +178,13 @@ def _cuda():
 
 _KERNEL = None
 _ROW_CHECK_BLOCK = 128  # rows per program
-# (device, current device, start dtype, end dtype, programs) -> launch (_direct_launch). Triton's JIT
-# launch (binder, cache key, globals check: triton/runtime/jit.py JITFunction.run, 3.6 and 3.8) is
-# most of a row check's host time (about 16 us per call on the H100, benchmark/watch_overhead.py);
-# after the first call the compiled kernel is launched without it (``_direct_launch``). The key
-# is everything the kernel is specialised on: the pointers' dtypes (not their alignment, see
-# do_not_specialize_on_alignment) and, for ints below 2**31, nothing.
+# (start device, end device, current device, start dtype, end dtype, programs) -> launch
+# (``_direct_launch``). Triton's JIT launch (binder, cache key, globals check:
+# triton/runtime/jit.py JITFunction.run, 3.6 and 3.8) is most of a row check's host time (about
+# 16 us per call on the H100, benchmark/watch_overhead.py); after a key's first call the compiled
+# kernel is launched without it. The key is where the kernel runs and reads and everything it is
+# specialised on: the pointers' dtypes (not their alignment, see do_not_specialize_on_alignment)
+# and, for ints below 2**31, nothing.
 _LAUNCHES: dict = {}
 _INT32_LIMIT = 2**31
 # How CompiledKernel[grid]'s runner calls the compiled launcher (triton/compiler/compiler.py
@@ -193,6 +194,22 @@ _RUNNER_CALL = (
     "self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata, launch_metadata, "
     "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)"
 )
+_RUNNER_SPELLED: dict = {}  # CompiledKernel class -> does its runner spell _RUNNER_CALL
+
+
+def _runner_spelled(compiled) -> bool:
+    """Does the installed Triton's runner call its launcher as ``_RUNNER_CALL``? Read once per
+    process (not on each new key while serving)."""
+    import inspect
+
+    kind = type(compiled)
+    if kind not in _RUNNER_SPELLED:
+        try:
+            form = " ".join(inspect.getsource(kind.__getitem__).split())
+        except (OSError, TypeError, AttributeError):
+            form = ""
+        _RUNNER_SPELLED[kind] = _RUNNER_CALL in form
+    return _RUNNER_SPELLED[kind]
 
 
 def _row_check_kernel():
@@ -234,8 +251,6 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
     a runner call's 8 on the H100). Where the installed Triton's runner does not spell
     ``_RUNNER_CALL`` the runner itself launches; so does every call while a launch hook is
     registered (a profiler): the runner gives the hook its metadata."""
-    import inspect
-
     import triton
     from triton import knobs
 
@@ -244,13 +259,9 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
     def through_runner(start, end, slot, row_width, batch_size):
         runner(start, end, counters, slot, row_width, batch_size, _ROW_CHECK_BLOCK)
 
-    try:
-        form = " ".join(inspect.getsource(type(compiled).__getitem__).split())
-        get_stream, runtime = triton.runtime.driver.active.get_current_stream, knobs.runtime
-    except (OSError, TypeError, AttributeError):
+    if not _runner_spelled(compiled):
         return through_runner
-    if _RUNNER_CALL not in form:
-        return through_runner
+    get_stream, runtime = triton.runtime.driver.active.get_current_stream, knobs.runtime
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     counters_at = counters.data_ptr()
 
@@ -274,7 +285,7 @@ def _new_launch(start_offset, end_offset, slot: int, row_width: int, batch_size:
     """The first row check of a key: Triton's JIT launch (compiles the kernel once per process);
     the compiled kernel's launch is kept for the key's later calls."""
     counters = _counters(end_offset.device)
-    programs, current = key[4], key[1]
+    current, programs = key[2], key[5]
     compiled = _row_check_kernel()[(programs,)](
         start_offset, end_offset, counters, slot, row_width, batch_size, BLOCK=_ROW_CHECK_BLOCK
     )
@@ -292,8 +303,8 @@ def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) 
     column >= width is a cell of a later row. A row with start >= end touches nothing.
     This runs on every decode step (twice): each line here is host time (watch_overhead.py).
     """
-    if type(batch_size) is not int:  # sglang passes an int; a device value is never read
-        batch_size = end_offset.shape[0] if hasattr(batch_size, "device") else int(batch_size)
+    if type(batch_size) is not int:  # sglang passes an int; a tensor's value is never read
+        batch_size = end_offset.shape[0] if hasattr(batch_size, "data_ptr") else int(batch_size)
     if batch_size > end_offset.shape[0] or batch_size > start_offset.shape[0]:
         batch_size = min(start_offset.shape[0], end_offset.shape[0])
     if batch_size <= 0:
@@ -306,9 +317,13 @@ def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) 
     row_width = req_to_token.shape[1]
     if site.width is None:
         site.width = row_width
-    # The current device too: Triton loads (and launches) the kernel there, as sglang launches
-    # the kernel it watches, whatever the tensors' device (CompiledKernel._init_handles).
+    # Both tensors' devices: the cached launch passes their addresses as ints, which Triton's
+    # launcher does not check (a host tensor's would be read on the GPU); a new key takes the JIT
+    # path, which refuses a tensor it cannot reach. The current device too: Triton loads (and
+    # launches) the kernel there, as sglang launches the kernel it watches, whatever the tensors'
+    # device (CompiledKernel._init_handles).
     key = (
+        start_offset.device,
         end_offset.device,
         _cuda().current_device() if on_cuda else None,
         start_offset.dtype,

@@ -54,6 +54,23 @@ class TestWatchAddsNoSync(unittest.TestCase):
         self.assertEqual(set(seen), {"row_check"})
         self.assertEqual(len(seen), 2 * 3 * 3 * 3)  # every call: the JIT one and the cached ones
 
+    def test_a_host_tensor_after_a_cached_launch_is_refused_not_read(self):
+        # The cached launch passes addresses as ints, which Triton's launcher does not check: a
+        # host tensor where a device one was cached must take the JIT path, which refuses it
+        # (the site switches off), never have its host address read on the GPU.
+        site = watch.Site("row_write", "test.host", "req_to_token", slot=2)
+        hook = watch._hook(watch.kinds()["row_write"], site)
+        pool, rows = torch.zeros((4, 50), dtype=torch.int32, device="cuda"), torch.arange(3, device="cuda")
+        start = torch.tensor([10, 20, 48], device="cuda")
+        end = start + 5  # the last row: 3 past
+        for _ in range(2):  # the JIT launch, then the cached one
+            hook(lambda *a: None, rows, pool, start, end, None, 3)
+        self.assertIsNone(site.failed)
+        hook(lambda *a: None, rows, pool, start.cpu(), end, None, 3)
+        self.assertIsNotNone(site.failed)
+        torch.cuda.synchronize()  # no illegal address was read
+        self.assertEqual(watch._DEVICE_COUNTERS[end.device][2].tolist(), [2, 6, 53])
+
     def _count_as_the_host_reference(self, direct: bool):
         site = watch.Site("row_write", "test.compiled", "req_to_token", slot=1)
         generator = torch.Generator().manual_seed(0)
@@ -74,7 +91,7 @@ class TestWatchAddsNoSync(unittest.TestCase):
                         expected[0] += sum(p > 0 for p in past)
                         expected[1] += sum(past)
                         expected[2] = max(expected[2], max(e for _, e in rows))
-                    launch = watch._LAUNCHES[(device, device.index, dtype, dtype, -(-batch // 128))]
+                    launch = watch._LAUNCHES[(device, device, device.index, dtype, dtype, -(-batch // 128))]
                     self.assertEqual(getattr(launch, "direct", False), direct)
         self.assertIsNone(site.failed)
         self.assertEqual(watch._DEVICE_COUNTERS[device][1].tolist(), expected)
