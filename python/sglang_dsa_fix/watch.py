@@ -272,6 +272,7 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
         else:
             # Addresses as ints, as the launcher reads them from a tensor's data_ptr(): the
             # counters' is fixed (about 0.2 us less per pointer than a tensor, on the H100).
+            # Triton checks no int: the key (both tensors' devices) keeps a host tensor off.
             stream = get_stream(device)
             run(programs, 1, 1, stream, function, metadata, None, None, None,
                 start.data_ptr(), end.data_ptr(), counters_at, slot, row_width, batch_size,
