@@ -267,6 +267,37 @@ class TestRowCheck(unittest.TestCase):
 
         form = " ".join(inspect.getsource(CompiledKernel.__getitem__).split())
         self.assertIn(watch._RUNNER_CALL, form)
+        self.assertTrue(watch._spells(CompiledKernel.__getitem__, watch._RUNNER_CALL))
+
+    def test_the_c_launch_is_the_installed_launchers_own_call(self):
+        # Below the runner, watch._direct_launch calls the C launch as the installed launcher
+        # (CudaLauncher.__call__) calls it, in one of the forms of watch._C_LAUNCH_CALLS; a
+        # Triton that spells it otherwise gets the launcher itself (form None), and so does a
+        # kernel that needs scratch memory, which only the launcher allocates.
+        from types import SimpleNamespace
+
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        spelled = [
+            form for form, call in watch._C_LAUNCH_CALLS.items() if watch._spells(CudaLauncher.__call__, call)
+        ]
+        self.assertEqual(len(spelled), 1, spelled)
+        launcher = CudaLauncher.__new__(CudaLauncher)  # (its __init__ compiles a kernel's launch)
+        launcher.global_scratch_size, launcher.profile_scratch_size = 0, 0
+        self.assertEqual(watch._c_launch_form(launcher), spelled[0])
+        launcher.global_scratch_size = 128
+        self.assertIsNone(watch._c_launch_form(launcher))
+        launcher.global_scratch_size, launcher.gsan_enabled = 0, True
+        self.assertIsNone(watch._c_launch_form(launcher))
+
+        class OtherLauncher:
+            global_scratch_size = profile_scratch_size = 0
+
+            def __call__(self, *args):
+                pass
+
+        self.assertIsNone(watch._c_launch_form(OtherLauncher()))
+        self.assertIsNone(watch._c_launch_form(SimpleNamespace()))  # no sizes: unknown, not 0
 
 
 class TestRowWritesInstalled(unittest.TestCase):

@@ -194,22 +194,43 @@ _RUNNER_CALL = (
     "self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata, launch_metadata, "
     "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)"
 )
-_RUNNER_SPELLED: dict = {}  # CompiledKernel class -> does its runner spell _RUNNER_CALL
+# How that launcher (CudaLauncher.__call__) calls the kernel's C launch, per Triton form
+# (triton/backends/nvidia/driver.py: 3.6 :713-714, 3.8 :331-333), whitespace collapsed. Between
+# the two calls it only allocates scratch, for a kernel that asks for some (the row check asks
+# for none: both are then None) and, on 3.8, a sanitizer's state (gsan, off unless asked for).
+_C_LAUNCH_CALLS = {
+    "3.6": "self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, "
+    "self.launch_pdl, global_scratch, profile_scratch, *args)",
+    "3.8": "self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, "
+    "self.launch_pdl, kernel_metadata, launch_metadata, launch_enter_hook, launch_exit_hook, "
+    "global_scratch, profile_scratch, self.arg_annotations, self.kernel_signature, kernel_args)",
+}
+_SPELLED: dict = {}  # (function, what it must spell) -> does it
 
 
-def _runner_spelled(compiled) -> bool:
-    """Does the installed Triton's runner call its launcher as ``_RUNNER_CALL``? Read once per
-    process (not on each new key while serving)."""
+def _spells(function, call: str) -> bool:
+    """Does the installed ``function``'s source spell ``call``? Read once per process (not on
+    each new key while serving)."""
     import inspect
 
-    kind = type(compiled)
-    if kind not in _RUNNER_SPELLED:
+    if (function, call) not in _SPELLED:
         try:
-            form = " ".join(inspect.getsource(kind.__getitem__).split())
+            form = " ".join(inspect.getsource(function).split())
         except (OSError, TypeError, AttributeError):
             form = ""
-        _RUNNER_SPELLED[kind] = _RUNNER_CALL in form
-    return _RUNNER_SPELLED[kind]
+        _SPELLED[function, call] = call in form
+    return _SPELLED[function, call]
+
+
+def _c_launch_form(launcher) -> Optional[str]:
+    """The form of ``_C_LAUNCH_CALLS`` the installed launcher spells, where the kernel needs no
+    scratch and no sanitizer runs; None otherwise (the launcher itself is called)."""
+    if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
+        return None
+    if getattr(launcher, "gsan_enabled", False):
+        return None
+    call = type(launcher).__call__
+    return next((form for form, spelled in _C_LAUNCH_CALLS.items() if _spells(call, spelled)), None)
 
 
 def _row_check_kernel():
@@ -248,9 +269,11 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
     as CompiledKernel[grid]'s runner launches it, without what the runner adds per call: the
     current device and stream looked up through the driver proxy, and launch_metadata, a LazyDict
     built on every launch because Triton's launch hooks are a HookChain, never None (about 2 us of
-    a runner call's 8 on the H100). Where the installed Triton's runner does not spell
-    ``_RUNNER_CALL`` the runner itself launches; so does every call while a launch hook is
-    registered (a profiler): the runner gives the hook its metadata."""
+    a runner call's 8 on the H100). Where the installed launcher spells a form of
+    ``_C_LAUNCH_CALLS`` its C launch is called as it calls it (no scratch to allocate), else the
+    launcher. Where the installed Triton's runner does not spell ``_RUNNER_CALL`` the runner itself
+    launches; so does every call while a launch hook is registered (a profiler): the runner gives
+    the hook its metadata."""
     import triton
     from triton import knobs
 
@@ -259,26 +282,39 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
     def through_runner(start, end, slot, row_width, batch_size):
         runner(start, end, counters, slot, row_width, batch_size, _ROW_CHECK_BLOCK)
 
-    if not _runner_spelled(compiled):
+    if not _spells(type(compiled).__getitem__, _RUNNER_CALL):
         return through_runner
     get_stream, runtime = triton.runtime.driver.active.get_current_stream, knobs.runtime
-    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    launcher, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    # Addresses as ints, as the launcher reads them from a tensor's data_ptr(): the counters' is
+    # fixed (about 0.2 us less per pointer than a tensor, on the H100). Triton checks no int: the
+    # key (both tensors' devices) keeps a host tensor off.
     counters_at = counters.data_ptr()
+    form = _c_launch_form(launcher)
+    if form:
+        c_launch, cooperative, pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
 
     def launch(start, end, slot, row_width, batch_size):
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
         if getattr(enter, "calls", enter) or getattr(leave, "calls", leave):
             runner(start, end, counters, slot, row_width, batch_size, _ROW_CHECK_BLOCK)
+            return
+        stream = get_stream(device)
+        if form == "3.6":
+            c_launch(programs, 1, 1, stream, function, cooperative, pdl, None, None, metadata, None,
+                     None, None, start.data_ptr(), end.data_ptr(), counters_at, slot, row_width,
+                     batch_size, _ROW_CHECK_BLOCK)  # fmt: skip
+        elif form == "3.8":
+            c_launch(programs, 1, 1, stream, function, cooperative, pdl, metadata, None, None, None,
+                     None, None, launcher.arg_annotations, launcher.kernel_signature,
+                     (start.data_ptr(), end.data_ptr(), counters_at, slot, row_width, batch_size,
+                      _ROW_CHECK_BLOCK))  # fmt: skip
         else:
-            # Addresses as ints, as the launcher reads them from a tensor's data_ptr(): the
-            # counters' is fixed (about 0.2 us less per pointer than a tensor, on the H100).
-            # Triton checks no int: the key (both tensors' devices) keeps a host tensor off.
-            stream = get_stream(device)
-            run(programs, 1, 1, stream, function, metadata, None, None, None,
-                start.data_ptr(), end.data_ptr(), counters_at, slot, row_width, batch_size,
-                _ROW_CHECK_BLOCK)  # fmt: skip
+            launcher(programs, 1, 1, stream, function, metadata, None, None, None,
+                     start.data_ptr(), end.data_ptr(), counters_at, slot, row_width, batch_size,
+                     _ROW_CHECK_BLOCK)  # fmt: skip
 
-    launch.direct = True
+    launch.direct = form or True
     return launch
 
 

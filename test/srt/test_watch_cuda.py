@@ -36,7 +36,7 @@ class TestWatchAddsNoSync(unittest.TestCase):
         # kernel directly (watch._LAUNCHES, watch._direct_launch): every later call must count
         # what a host reference counts, for both offset dtypes, views at odd offsets (no alignment
         # assumed) and batch sizes of one to three programs.
-        self._count_as_the_host_reference(direct=True)
+        self._count_as_the_host_reference()
 
     def test_a_registered_launch_hook_gets_the_runner_and_its_metadata(self):
         # While a launch hook is registered (a profiler), the cached launch goes through
@@ -50,7 +50,7 @@ class TestWatchAddsNoSync(unittest.TestCase):
 
         knobs.runtime.launch_enter_hook.add(hook)
         self.addCleanup(knobs.runtime.launch_enter_hook.remove, hook)
-        self._count_as_the_host_reference(direct=True)
+        self._count_as_the_host_reference()
         self.assertEqual(set(seen), {"row_check"})
         self.assertEqual(len(seen), 2 * 3 * 3 * 3)  # every call: the JIT one and the cached ones
 
@@ -71,7 +71,7 @@ class TestWatchAddsNoSync(unittest.TestCase):
         torch.cuda.synchronize()  # no illegal address was read
         self.assertEqual(watch._DEVICE_COUNTERS[end.device][2].tolist(), [2, 6, 53])
 
-    def _count_as_the_host_reference(self, direct: bool):
+    def _count_as_the_host_reference(self):
         site = watch.Site("row_write", "test.compiled", "req_to_token", slot=1)
         generator = torch.Generator().manual_seed(0)
         expected = [0, 0, 0]
@@ -92,7 +92,8 @@ class TestWatchAddsNoSync(unittest.TestCase):
                         expected[1] += sum(past)
                         expected[2] = max(expected[2], max(e for _, e in rows))
                     launch = watch._LAUNCHES[(device, device, device.index, dtype, dtype, -(-batch // 128))]
-                    self.assertEqual(getattr(launch, "direct", False), direct)
+                    # the C launch of the installed Triton form (3.6 on the GPU host), not its launcher
+                    self.assertIn(getattr(launch, "direct", None), watch._C_LAUNCH_CALLS)
         self.assertIsNone(site.failed)
         self.assertEqual(watch._DEVICE_COUNTERS[device][1].tolist(), expected)
 
