@@ -89,8 +89,10 @@ _logged = set()
 
 def reset() -> None:
     """Zero every counter (tests); the hooks stay."""
-    _DEVICE_COUNTERS.clear()
-    _LAUNCHES.clear()  # each holds its device's counters
+    # In place: a CUDA graph that captured a row check holds its device's counters' address.
+    for counters in _DEVICE_COUNTERS.values():
+        counters.zero_()
+    _LAUNCHES.clear()
     _logged.clear()
     for site in _SITES.values():
         site.width, site.count, site.columns, site.needed, site.failed = None, 0, 0, 0, None
@@ -347,8 +349,6 @@ def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) 
     if batch_size <= 0:
         return
     on_cuda = end_offset.is_cuda
-    if on_cuda and _cuda().is_current_stream_capturing():
-        return
     if not (start_offset.is_contiguous() and end_offset.is_contiguous()):  # the kernel reads stride 1
         start_offset, end_offset = start_offset.contiguous(), end_offset.contiguous()
     row_width = req_to_token.shape[1]
@@ -368,10 +368,12 @@ def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) 
         -(-batch_size // _ROW_CHECK_BLOCK),
     )
     launch = _LAUNCHES.get(key) if row_width < _INT32_LIMIT else None
-    if launch is None:
-        _new_launch(start_offset, end_offset, site.slot, row_width, batch_size, key)
-    else:  # the whole counters tensor and the site's row number: no view made per call
+    if launch is not None:  # the whole counters tensor and the site's row number: no view made per call
+        # Also while a CUDA graph is captured: the graph then checks the rows of each replay,
+        # into counters that live as long as the process (``reset`` zeroes them in place).
         launch(start_offset, end_offset, site.slot, row_width, batch_size)
+    elif not (on_cuda and _cuda().is_current_stream_capturing()):  # (no compiling into a capture)
+        _new_launch(start_offset, end_offset, site.slot, row_width, batch_size, key)
 
 
 def _row_hook(site: Site, batch_size_at: int):

@@ -71,6 +71,34 @@ class TestWatchAddsNoSync(unittest.TestCase):
         torch.cuda.synchronize()  # no illegal address was read
         self.assertEqual(watch._DEVICE_COUNTERS[end.device][2].tolist(), [2, 6, 53])
 
+    def test_a_check_captured_in_a_cuda_graph_counts_every_replay(self):
+        # A cached row check launched while a graph is captured becomes part of the graph: each
+        # replay checks the rows it is given, into the same counters. A key first seen during a
+        # capture is not compiled there (nothing launched, nothing cached, the site keeps checking).
+        site = watch.Site("row_write", "test.captured", "req_to_token", slot=3)
+        pool = torch.zeros((4, 50), dtype=torch.int32, device="cuda")
+        start = torch.tensor([10, 48, 20], device="cuda")
+        end = start + 5  # row 1: 3 past
+        watch._check_rows(site, pool, start, end, 3)  # outside the capture: the JIT launch
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            watch._check_rows(site, pool, start, end, 3)
+            watch._check_rows(site, pool, start.int(), end.int(), 3)  # a new key: skipped
+        torch.cuda.synchronize()
+        counters = watch._DEVICE_COUNTERS[end.device]
+        self.assertEqual(counters[3].tolist(), [1, 3, 53])  # capturing runs nothing
+        end.add_(1)  # what the replays read: row 1 now 4 past
+        for _ in range(4):
+            graph.replay()
+        torch.cuda.synchronize()
+        self.assertEqual(counters[3].tolist(), [1 + 4, 3 + 4 * 4, 54])
+        self.assertIsNone(site.failed)
+        self.assertEqual({key[3] for key in watch._LAUNCHES}, {torch.int64})
+        watch.reset()  # in place: the graph's counters are the watch's
+        graph.replay()
+        torch.cuda.synchronize()
+        self.assertEqual(watch._DEVICE_COUNTERS[end.device][3].tolist(), [1, 4, 54])
+
     def _count_as_the_host_reference(self):
         site = watch.Site("row_write", "test.compiled", "req_to_token", slot=1)
         generator = torch.Generator().manual_seed(0)
