@@ -267,7 +267,6 @@ class TestRowCheck(unittest.TestCase):
 
         form = " ".join(inspect.getsource(CompiledKernel.__getitem__).split())
         self.assertIn(watch._RUNNER_CALL, form)
-        self.assertTrue(watch._spells(CompiledKernel.__getitem__, watch._RUNNER_CALL))
 
     def test_the_c_launch_is_the_installed_launchers_own_call(self):
         # Below the runner, watch._direct_launch calls the C launch as the installed launcher
@@ -298,6 +297,58 @@ class TestRowCheck(unittest.TestCase):
 
         self.assertIsNone(watch._c_launch_form(OtherLauncher()))
         self.assertIsNone(watch._c_launch_form(SimpleNamespace()))  # no sizes: unknown, not 0
+
+    def test_the_c_launch_gets_what_the_installed_launcher_gives_it(self):
+        # The same launch both ways, on the installed Triton: CompiledKernel[grid]'s runner through
+        # the real CudaLauncher.__call__, and watch._direct_launch's C launch. Only the C launch
+        # itself (it needs a GPU) and the driver's device and stream are stand-ins, which record.
+        import triton
+        from triton.backends.nvidia.driver import CudaLauncher
+        from triton.compiler.compiler import CompiledKernel
+
+        class RecordingDriver:
+            def get_current_device(self):
+                return 0
+
+            def get_current_stream(self, device):
+                return 1234
+
+        calls = []
+        launcher = CudaLauncher.__new__(CudaLauncher)  # (its __init__ compiles the C launch)
+        launcher.global_scratch_size = launcher.profile_scratch_size = 0
+        launcher.global_scratch_align = launcher.profile_scratch_align = 1
+        launcher.num_ctas, launcher.gsan_enabled = 1, False
+        launcher.launch_cooperative_grid, launcher.launch_pdl = False, True
+        launcher.arg_annotations, launcher.kernel_signature = ["annotations"], b"signature"
+        launcher.launch = lambda *args: calls.append(args)
+        compiled = CompiledKernel.__new__(CompiledKernel)
+        compiled.module, compiled._run, compiled.function = object(), launcher, 99
+        compiled.packed_metadata = (4, 1, 0)
+        compiled.launch_metadata = lambda grid, stream, *args: None
+        # (the previous active driver back after: on CPU none is, and reset_active would raise)
+        recording = mock.patch.object(triton.runtime.driver, "_active", RecordingDriver())
+        recording.start()
+        self.addCleanup(recording.stop)
+        self.addCleanup(setattr, compiled, "module", None)  # (nothing for __del__ to unload)
+        start, counters = torch.arange(3), torch.zeros(watch.MAX_DEVICE_SITES, 3, dtype=torch.int64)
+        end = start + 5
+        compiled[(1, 1, 1)](start, end, counters, 2, 50, 3, watch._ROW_CHECK_BLOCK)
+        launch = watch._direct_launch(compiled, 1, 0, counters)
+        launch(start, end, 2, 50, 3)
+        self.assertIn(launch.direct, watch._C_LAUNCH_CALLS)
+        through_launcher, direct = calls
+        # (the runner hands the C launch tensors and its empty hook chains, the watch addresses
+        # and None, which the C launch reads alike)
+        hooks = (triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook)
+
+        def as_read(value):
+            if isinstance(value, tuple):
+                return tuple(as_read(item) for item in value)
+            if isinstance(value, torch.Tensor):
+                return value.data_ptr()
+            return None if any(value is hook for hook in hooks) else value
+
+        self.assertEqual(as_read(through_launcher), direct)
 
 
 class TestRowWritesInstalled(unittest.TestCase):

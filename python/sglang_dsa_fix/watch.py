@@ -88,8 +88,9 @@ _logged = set()
 
 
 def reset() -> None:
-    """Zero every counter (tests); the hooks stay."""
-    # In place: a CUDA graph that captured a row check holds its device's counters' address.
+    """Zero every counter (tests and benchmarks only); the hooks stay."""
+    # In place: a CUDA graph that captured a row check holds its device's counters' address (on
+    # the current stream: a replay on another stream at the same time is not ordered with it).
     for counters in _DEVICE_COUNTERS.values():
         counters.zero_()
     _LAUNCHES.clear()
@@ -293,8 +294,11 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
     # key (both tensors' devices) keeps a host tensor off.
     counters_at = counters.data_ptr()
     form = _c_launch_form(launcher)
+    c_launch = cooperative = pdl = annotations = signature = None
     if form:
         c_launch, cooperative, pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
+    if form == "3.8":
+        annotations, signature = launcher.arg_annotations, launcher.kernel_signature
 
     def launch(start, end, slot, row_width, batch_size):
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
@@ -308,7 +312,7 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
                      batch_size, _ROW_CHECK_BLOCK)  # fmt: skip
         elif form == "3.8":
             c_launch(programs, 1, 1, stream, function, cooperative, pdl, metadata, None, None, None,
-                     None, None, launcher.arg_annotations, launcher.kernel_signature,
+                     None, None, annotations, signature,
                      (start.data_ptr(), end.data_ptr(), counters_at, slot, row_width, batch_size,
                       _ROW_CHECK_BLOCK))  # fmt: skip
         else:
@@ -316,7 +320,7 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
                      start.data_ptr(), end.data_ptr(), counters_at, slot, row_width, batch_size,
                      _ROW_CHECK_BLOCK)  # fmt: skip
 
-    launch.direct = form or True
+    launch.direct = form or "launcher"  # (tests read which launch it is)
     return launch
 
 
@@ -446,7 +450,8 @@ def _site_counts(read=None):
 
 def by_kind(read=None) -> dict:
     """Per watched kind: [sites counted, columns past the end (None where the kind counts
-    none), checking (False once its check failed and switched off: its counts stop there)]."""
+    none), checking (False once its check failed and switched off: its counts are then not
+    whole; a row check a CUDA graph captured before goes on counting that graph's replays)]."""
     out, names = {}, counter_names()
     for site, count, columns, _ in _site_counts(read):
         counts_columns = names[site.kind][1] is not None
