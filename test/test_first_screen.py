@@ -15,7 +15,7 @@ from unittest import mock
 from helpers import PatchToolTestCase, run_cli
 from test_resolve import LLAMA
 
-from sglang_dsa_fix import explain, launch_line, members, render
+from sglang_dsa_fix import explain, launch_line, members, render, resolve
 from sglang_dsa_fix.errors import ToolError
 from sglang_dsa_fix.verdicts import State
 
@@ -101,6 +101,10 @@ class TestLaunchLine(unittest.TestCase):
         self.assertIn("the launch line goes after `--`", err)
 
 
+class Stop(Exception):
+    """Ends a status run once its request is made."""
+
+
 class TestStatusAsPasted(unittest.TestCase):
     """The same deployment pasted three ways is judged the same; sglang's rejection and a missing
     config.json read as what they are."""
@@ -122,19 +126,35 @@ class TestStatusAsPasted(unittest.TestCase):
             return run_cli("status", "--json", "--", *line)
 
     def test_three_forms_one_verdict(self):
-        judged = []
-        for line in (
+        # The first form is judged through sglang (a child that imports it, ~5 s); the others
+        # are read by the same CLI up to the request that goes to that child, which must be the
+        # first form's: the child is handed nothing else of the line.
+        forms = (
             ["python", "-m", "sglang.launch_server", *self.args],
             ["sglang", "serve", *self.args],
             self.args,
-        ):
-            rc, out, err = self.status(*line)
-            report = json.loads(out)
-            self.assertIn(rc, (0, 1, 2), err)
-            self.assertEqual(report["basis"], "sglang", report)
-            judged.append((rc, report["configuration"], [b["state"] for b in report["bugs"]]))
-        self.assertEqual(judged[0], judged[1])
-        self.assertEqual(judged[0], judged[2])
+        )
+        requests = []
+        real_request = resolve.Request
+
+        def recorded(*args, **kwargs):
+            requests.append(real_request(*args, **kwargs))
+            if len(requests) > 1:
+                raise Stop
+            return requests[-1]
+
+        with mock.patch.object(resolve, "Request", recorded):
+            rc, out, err = self.status(*forms[0])
+            for line in forms[1:]:
+                with self.assertRaises(Stop):
+                    self.status(*line)
+        report = json.loads(out)
+        self.assertIn(rc, (0, 1, 2), err)
+        self.assertEqual(report["basis"], "sglang", report)
+        self.assertEqual(report["configuration"]["speculative_algorithm"], "NGRAM", report)
+        self.assertEqual(len(requests), 3)
+        self.assertEqual(requests[1], requests[0])
+        self.assertEqual(requests[2], requests[0])
 
     def test_sglang_s_rejection_names_the_launcher(self):
         rc, out, err = run_cli(

@@ -38,6 +38,14 @@ class TestWatchAddsNoSync(unittest.TestCase):
         # assumed) and batch sizes of one to three programs.
         self._count_as_the_host_reference()
 
+    def test_a_launcher_of_no_known_form_is_called_itself(self):
+        # Where the installed CudaLauncher.__call__ spells none of the C-launch calls the watch
+        # knows (a future Triton), the cached launch calls that launcher, with the same counts.
+        from unittest import mock
+
+        with mock.patch.dict(watch._C_LAUNCH_CALLS, clear=True):
+            self._count_as_the_host_reference(form="launcher")
+
     def test_a_registered_launch_hook_gets_the_runner_and_its_metadata(self):
         # While a launch hook is registered (a profiler), the cached launch goes through
         # CompiledKernel[grid]'s runner, which hands the hook its metadata; the counts are the same.
@@ -99,7 +107,7 @@ class TestWatchAddsNoSync(unittest.TestCase):
         torch.cuda.synchronize()
         self.assertEqual(watch._DEVICE_COUNTERS[end.device][3].tolist(), [1, 4, 54])
 
-    def _count_as_the_host_reference(self):
+    def _count_as_the_host_reference(self, form=None):
         site = watch.Site("row_write", "test.compiled", "req_to_token", slot=1)
         generator = torch.Generator().manual_seed(0)
         expected = [0, 0, 0]
@@ -120,8 +128,10 @@ class TestWatchAddsNoSync(unittest.TestCase):
                         expected[1] += sum(past)
                         expected[2] = max(expected[2], max(e for _, e in rows))
                     launch = watch._LAUNCHES[(device, device, device.index, dtype, dtype, -(-batch // 128))]
-                    # the C launch of the installed Triton form (3.6 on the GPU host), not its launcher
-                    self.assertIn(getattr(launch, "direct", None), watch._C_LAUNCH_CALLS)
+                    if form is None:  # the C launch of the installed Triton form (3.6 on the GPU host)
+                        self.assertIn(getattr(launch, "direct", None), watch._C_LAUNCH_CALLS)
+                    else:
+                        self.assertEqual(getattr(launch, "direct", None), form)
         self.assertIsNone(site.failed)
         self.assertEqual(watch._DEVICE_COUNTERS[device][1].tolist(), expected)
 
