@@ -27,6 +27,7 @@ import os
 import pkgutil
 import subprocess
 import sys
+import tempfile
 import unittest
 from pathlib import Path
 from types import SimpleNamespace
@@ -257,45 +258,54 @@ class TestRowCheck(unittest.TestCase):
             watch.reset()
         self.assertEqual(counters, [1, 2, 12])
 
-    def test_direct_launch_spells_the_installed_triton_runner_call(self):
-        # watch._direct_launch makes CompiledKernel[grid]'s own launcher call, and only where the
-        # installed Triton spells it as watch._RUNNER_CALL: a Triton that changes it fails here
+    def test_the_installed_triton_runner_is_one_read_here(self):
+        # watch._direct_launch stands in for CompiledKernel[grid]'s runner only where the installed
+        # Triton's is one read for it (watch._RUNNER_SOURCES): a Triton that changes it fails here
         # (the GPU tier, test/srt/test_watch_cuda.py, runs the launch itself).
-        import inspect
-
         from triton.compiler.compiler import CompiledKernel
 
-        form = " ".join(inspect.getsource(CompiledKernel.__getitem__).split())
-        self.assertIn(watch._RUNNER_CALL, form)
+        self.assertIn(watch._source_digest(CompiledKernel.__getitem__), watch._RUNNER_SOURCES)
 
     def test_the_c_launch_is_the_installed_launchers_own_call(self):
         # Below the runner, watch._direct_launch calls the C launch as the installed launcher
-        # (CudaLauncher.__call__) calls it, in one of the forms of watch._C_LAUNCH_CALLS; a
-        # Triton that spells it otherwise gets the launcher itself (form None), and so does a
-        # kernel that needs scratch memory, which only the launcher allocates.
-        from types import SimpleNamespace
+        # (CudaLauncher.__call__) calls it, where that launcher is one of watch._C_LAUNCH_SOURCES,
+        # read whole; any other launcher, even one that keeps the same call and adds a step
+        # before it, is called itself (form None), and so is a kernel that needs scratch memory,
+        # which only the launcher allocates.
+        import importlib.util
+        import inspect
+        import textwrap
 
         from triton.backends.nvidia.driver import CudaLauncher
 
-        spelled = [
-            form for form, call in watch._C_LAUNCH_CALLS.items() if watch._spells(CudaLauncher.__call__, call)
-        ]
-        self.assertEqual(len(spelled), 1, spelled)
+        installed = watch._C_LAUNCH_SOURCES.get(watch._source_digest(CudaLauncher.__call__))
+        self.assertIsNotNone(installed, "the installed Triton's CudaLauncher.__call__ is not one read here")
         launcher = CudaLauncher.__new__(CudaLauncher)  # (its __init__ compiles a kernel's launch)
         launcher.global_scratch_size, launcher.profile_scratch_size = 0, 0
-        self.assertEqual(watch._c_launch_form(launcher), spelled[0])
+        self.assertEqual(watch._c_launch_form(launcher), installed)
         launcher.global_scratch_size = 128
         self.assertIsNone(watch._c_launch_form(launcher))
         launcher.global_scratch_size, launcher.gsan_enabled = 0, True
         self.assertIsNone(watch._c_launch_form(launcher))
 
-        class OtherLauncher:
-            global_scratch_size = profile_scratch_size = 0
-
-            def __call__(self, *args):
-                pass
-
-        self.assertIsNone(watch._c_launch_form(OtherLauncher()))
+        # Copies of the installed __call__ in a file of their own: unchanged, it is the installed
+        # form; with one statement added at its top (the same C-launch call after it), none.
+        source = textwrap.dedent(inspect.getsource(CudaLauncher.__call__))
+        head, body = source.split(":\n", 1)
+        step = body[: len(body) - len(body.lstrip())] + "self.steps = 1\n"
+        for name, call, form in (("Copied", source, installed), ("Stepped", f"{head}:\n{step}{body}", None)):
+            with self.subTest(launcher=name), tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / f"{name.lower()}_launcher.py"
+                path.write_text(
+                    "from triton.backends.nvidia.driver import CudaLauncher\n\n\n"
+                    f"class {name}(CudaLauncher):\n" + textwrap.indent(call, "    ")
+                )
+                spec = importlib.util.spec_from_file_location(path.stem, path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                copy = getattr(module, name).__new__(getattr(module, name))
+                copy.global_scratch_size, copy.profile_scratch_size = 0, 0
+                self.assertEqual(watch._c_launch_form(copy), form)
         self.assertIsNone(watch._c_launch_form(SimpleNamespace()))  # no sizes: unknown, not 0
 
     def test_the_c_launch_gets_what_the_installed_launcher_gives_it(self):
@@ -335,7 +345,7 @@ class TestRowCheck(unittest.TestCase):
         compiled[(1, 1, 1)](start, end, counters, 2, 50, 3, watch._ROW_CHECK_BLOCK)
         launch = watch._direct_launch(compiled, 1, 0, counters)
         launch(start, end, 2, 50, 3)
-        self.assertIn(launch.direct, watch._C_LAUNCH_CALLS)
+        self.assertIn(launch.direct, watch._C_LAUNCH_SOURCES.values())
         through_launcher, direct = calls
         # (the runner hands the C launch tensors and its empty hook chains, the watch addresses
         # and None, which the C launch reads alike)

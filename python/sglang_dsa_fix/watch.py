@@ -190,50 +190,46 @@ _ROW_CHECK_BLOCK = 128  # rows per program
 # and, for ints below 2**31, nothing.
 _LAUNCHES: dict = {}
 _INT32_LIMIT = 2**31
-# How CompiledKernel[grid]'s runner calls the compiled launcher (triton/compiler/compiler.py
-# __getitem__, Triton 3.6 and 3.8), whitespace collapsed: ``_direct_launch`` makes the same call only
-# where the installed Triton spells it so.
-_RUNNER_CALL = (
-    "self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata, launch_metadata, "
-    "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)"
-)
-# How that launcher (CudaLauncher.__call__) calls the kernel's C launch, per Triton form
-# (triton/backends/nvidia/driver.py: 3.6 :713-714, 3.8 :331-333), whitespace collapsed. Between
-# the two calls it only allocates scratch, for a kernel that asks for some (the row check asks
-# for none: both are then None) and, on 3.8, a sanitizer's state (gsan, off unless asked for).
-_C_LAUNCH_CALLS = {
-    "3.6": "self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, "
-    "self.launch_pdl, global_scratch, profile_scratch, *args)",
-    "3.8": "self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, "
-    "self.launch_pdl, kernel_metadata, launch_metadata, launch_enter_hook, launch_exit_hook, "
-    "global_scratch, profile_scratch, self.arg_annotations, self.kernel_signature, kernel_args)",
+# The installed Triton code the cached launch stands in for, read whole (whitespace collapsed,
+# sha256): CompiledKernel[grid]'s runner (triton/compiler/compiler.py CompiledKernel.__getitem__,
+# 3.6 :490-501, 3.8 :504-515, the same code) and, per Triton form, the launcher it calls
+# (triton/backends/nvidia/driver.py CudaLauncher.__call__, 3.6 :700-714, 3.8 :297-336). Between
+# them they look up the current device and stream, build launch_metadata, allocate scratch (the
+# row check asks for none: both are then None) and, on 3.8, a sanitizer's state (gsan, off unless
+# asked for); ``_direct_launch`` makes the C launch as that code makes it. A Triton that changes
+# either function at all (a step added before an unchanged call, as 3.8 added gsan) gets the
+# runner or the launcher itself: nothing is skipped that was not read here.
+_RUNNER_SOURCES = {"fe2f1a6e918027859e3dc4802ca369fc8a0da050e0cf705186077bdd26f3eb26": "3.6, 3.8"}
+_C_LAUNCH_SOURCES = {
+    "b5e4d84a36af22efc4017e23f5873393dc885ae5ca6077a545182aa971d8d324": "3.6",
+    "16d77af07087b0df72582dd8b3b5b7355a94aaad72544f4597391b4cb7d7169c": "3.8",
 }
-_SPELLED: dict = {}  # (function, what it must spell) -> does it
+_SOURCE_DIGESTS: dict = {}  # function -> sha256 of its source, whitespace collapsed ("" unreadable)
 
 
-def _spells(function, call: str) -> bool:
-    """Does the installed ``function``'s source spell ``call``? Read once per process (not on
+def _source_digest(function) -> str:
+    """The sha256 of ``function``'s source, whitespace collapsed; read once per process (not on
     each new key while serving)."""
+    import hashlib
     import inspect
 
-    if (function, call) not in _SPELLED:
+    if function not in _SOURCE_DIGESTS:
         try:
             form = " ".join(inspect.getsource(function).split())
         except (OSError, TypeError, AttributeError):
-            form = ""
-        _SPELLED[function, call] = call in form
-    return _SPELLED[function, call]
+            form = None
+        _SOURCE_DIGESTS[function] = hashlib.sha256(form.encode()).hexdigest() if form else ""
+    return _SOURCE_DIGESTS[function]
 
 
 def _c_launch_form(launcher) -> Optional[str]:
-    """The form of ``_C_LAUNCH_CALLS`` the installed launcher spells, where the kernel needs no
+    """The form of ``_C_LAUNCH_SOURCES`` the installed launcher is, where the kernel needs no
     scratch and no sanitizer runs; None otherwise (the launcher itself is called)."""
     if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
         return None
     if getattr(launcher, "gsan_enabled", False):
         return None
-    call = type(launcher).__call__
-    return next((form for form, spelled in _C_LAUNCH_CALLS.items() if _spells(call, spelled)), None)
+    return _C_LAUNCH_SOURCES.get(_source_digest(type(launcher).__call__))
 
 
 def _row_check_kernel():
@@ -272,10 +268,10 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
     as CompiledKernel[grid]'s runner launches it, without what the runner adds per call: the
     current device and stream looked up through the driver proxy, and launch_metadata, a LazyDict
     built on every launch because Triton's launch hooks are a HookChain, never None (about 2 us of
-    a runner call's 8 on the H100). Where the installed launcher spells a form of
-    ``_C_LAUNCH_CALLS`` its C launch is called as it calls it (no scratch to allocate), else the
-    launcher. Where the installed Triton's runner does not spell ``_RUNNER_CALL`` the runner itself
-    launches; so does every call while a launch hook is registered (a profiler): the runner gives
+    a runner call's 8 on the H100). Where the installed launcher is a form of
+    ``_C_LAUNCH_SOURCES`` its C launch is called as it calls it (no scratch to allocate), else the
+    launcher. Where the installed Triton's runner is not one of ``_RUNNER_SOURCES`` the runner
+    itself launches; so does every call while a launch hook is registered (a profiler): the runner gives
     the hook its metadata."""
     import triton
     from triton import knobs
@@ -285,7 +281,7 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
     def through_runner(start, end, slot, row_width, batch_size):
         runner(start, end, counters, slot, row_width, batch_size, _ROW_CHECK_BLOCK)
 
-    if not _spells(type(compiled).__getitem__, _RUNNER_CALL):
+    if _source_digest(type(compiled).__getitem__) not in _RUNNER_SOURCES:
         return through_runner
     get_stream, runtime = triton.runtime.driver.active.get_current_stream, knobs.runtime
     launcher, function, metadata = compiled.run, compiled.function, compiled.packed_metadata

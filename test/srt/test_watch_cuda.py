@@ -39,11 +39,11 @@ class TestWatchAddsNoSync(unittest.TestCase):
         self._count_as_the_host_reference()
 
     def test_a_launcher_of_no_known_form_is_called_itself(self):
-        # Where the installed CudaLauncher.__call__ spells none of the C-launch calls the watch
-        # knows (a future Triton), the cached launch calls that launcher, with the same counts.
+        # Where the installed CudaLauncher.__call__ is none the watch read (a future Triton),
+        # the cached launch calls that launcher, with the same counts.
         from unittest import mock
 
-        with mock.patch.dict(watch._C_LAUNCH_CALLS, clear=True):
+        with mock.patch.dict(watch._C_LAUNCH_SOURCES, clear=True):
             self._count_as_the_host_reference(form="launcher")
 
     def test_a_registered_launch_hook_gets_the_runner_and_its_metadata(self):
@@ -129,7 +129,7 @@ class TestWatchAddsNoSync(unittest.TestCase):
                         expected[2] = max(expected[2], max(e for _, e in rows))
                     launch = watch._LAUNCHES[(device, device, device.index, dtype, dtype, -(-batch // 128))]
                     if form is None:  # the C launch of the installed Triton form (3.6 on the GPU host)
-                        self.assertIn(getattr(launch, "direct", None), watch._C_LAUNCH_CALLS)
+                        self.assertIn(getattr(launch, "direct", None), watch._C_LAUNCH_SOURCES.values())
                     else:
                         self.assertEqual(getattr(launch, "direct", None), form)
         self.assertIsNone(site.failed)
