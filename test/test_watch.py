@@ -22,6 +22,7 @@ Each watch hook is put around the real sglang function the way sglang's HookRegi
 """
 
 import contextlib
+import functools
 import json
 import os
 import pkgutil
@@ -306,6 +307,24 @@ class TestRowCheck(unittest.TestCase):
                 copy = getattr(module, name).__new__(getattr(module, name))
                 copy.global_scratch_size, copy.profile_scratch_size = 0, 0
                 self.assertEqual(watch._c_launch_form(copy), form)
+
+        # A wrapper in __call__'s place (functools.wraps: inspect.getsource would read what it
+        # wraps) and a __call__ whose source cannot be read: neither is a form read here.
+        installed_call = CudaLauncher.__call__
+
+        @functools.wraps(installed_call)
+        def wrapped(self, *args):
+            return installed_call(self, *args)
+
+        namespace = {}
+        exec("def unread(self, *args):\n    pass\n", namespace)
+        self.assertEqual(watch._source_digest(namespace["unread"]), "")
+        for name, call in (("Wrapped", wrapped), ("Unread", namespace["unread"])):
+            with self.subTest(launcher=name):
+                other = type(name, (CudaLauncher,), {"__call__": call})
+                copy = other.__new__(other)
+                copy.global_scratch_size, copy.profile_scratch_size = 0, 0
+                self.assertIsNone(watch._c_launch_form(copy))
         self.assertIsNone(watch._c_launch_form(SimpleNamespace()))  # no sizes: unknown, not 0
 
     def test_the_c_launch_gets_what_the_installed_launcher_gives_it(self):

@@ -197,8 +197,10 @@ _INT32_LIMIT = 2**31
 # them they look up the current device and stream, build launch_metadata, allocate scratch (the
 # row check asks for none: both are then None) and, on 3.8, a sanitizer's state (gsan, off unless
 # asked for); ``_direct_launch`` makes the C launch as that code makes it. A Triton that changes
-# either function at all (a step added before an unchanged call, as 3.8 added gsan) gets the
-# runner or the launcher itself: nothing is skipped that was not read here.
+# either function at all (a step added before an unchanged call, as 3.8 added gsan), or a wrapper
+# put in its place (a profiler's), gets the runner or the launcher itself. (What the two call,
+# launch_metadata and the scratch allocators among them, is not hashed: the row check skips only
+# these two bodies.)
 _RUNNER_SOURCES = {"fe2f1a6e918027859e3dc4802ca369fc8a0da050e0cf705186077bdd26f3eb26": "3.6, 3.8"}
 _C_LAUNCH_SOURCES = {
     "b5e4d84a36af22efc4017e23f5873393dc885ae5ca6077a545182aa971d8d324": "3.6",
@@ -208,15 +210,17 @@ _SOURCE_DIGESTS: dict = {}  # function -> sha256 of its source, whitespace colla
 
 
 def _source_digest(function) -> str:
-    """The sha256 of ``function``'s source, whitespace collapsed; read once per process (not on
-    each new key while serving)."""
+    """The sha256 of the source of ``function``'s own code, whitespace collapsed ("" where it
+    cannot be read); read once per process (not on each new key while serving)."""
     import hashlib
     import inspect
 
     if function not in _SOURCE_DIGESTS:
         try:
-            form = " ".join(inspect.getsource(function).split())
-        except (OSError, TypeError, AttributeError):
+            # The code object's source, not the function's: inspect.getsource(function) follows
+            # __wrapped__ and would read a functools.wraps wrapper as what it wraps.
+            form = " ".join(inspect.getsource(function.__code__).split())
+        except Exception:  # no code object, no file, a file changed since import: unknown
             form = None
         _SOURCE_DIGESTS[function] = hashlib.sha256(form.encode()).hexdigest() if form else ""
     return _SOURCE_DIGESTS[function]
@@ -281,6 +285,7 @@ def _direct_launch(compiled, programs: int, device: Optional[int], counters):
     def through_runner(start, end, slot, row_width, batch_size):
         runner(start, end, counters, slot, row_width, batch_size, _ROW_CHECK_BLOCK)
 
+    through_runner.direct = "runner"  # (tests read which launch it is)
     if _source_digest(type(compiled).__getitem__) not in _RUNNER_SOURCES:
         return through_runner
     get_stream, runtime = triton.runtime.driver.active.get_current_stream, knobs.runtime

@@ -46,6 +46,13 @@ class TestWatchAddsNoSync(unittest.TestCase):
         with mock.patch.dict(watch._C_LAUNCH_SOURCES, clear=True):
             self._count_as_the_host_reference(form="launcher")
 
+    def test_a_runner_of_no_known_form_launches_itself(self):
+        # Where CompiledKernel.__getitem__ is none the watch read, its runner launches.
+        from unittest import mock
+
+        with mock.patch.dict(watch._RUNNER_SOURCES, clear=True):
+            self._count_as_the_host_reference(form="runner")
+
     def test_a_registered_launch_hook_gets_the_runner_and_its_metadata(self):
         # While a launch hook is registered (a profiler), the cached launch goes through
         # CompiledKernel[grid]'s runner, which hands the hook its metadata; the counts are the same.
