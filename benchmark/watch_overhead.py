@@ -269,14 +269,14 @@ def report(row: dict) -> None:
     for kind, r in row["hooks"].items():
         print(
             f"bs {row['batch_size']} {kind:13s} {r['target']}: {r['plain_us_median']:.1f} us alone, "
-            f"{r['watched_us_median']:.1f} us watched -> +{r['added_us_median']:.1f} us per call (blocks: "
+            f"{r['watched_us_median']:.1f} us watched -> {r['added_us_median']:+.1f} us per call (blocks: "
             f"{r['added_us_min']:.1f} .. {r['added_us_max']:.1f}); {calls.get(kind, '?')} calls per step"
         )
     if row["decode_step"] and row["share_of_step"] is not None:
         step = row["decode_step"]
         print(
             f"bs {row['batch_size']} {row['backend']}: decode step {step['step_ms']:.2f} ms (median of "
-            f"{step['step_gaps']} gaps, {step['steps']} steps); the watch +{row['added_us_per_decode_step']:.1f} "
+            f"{step['step_gaps']} gaps, {step['steps']} steps); the watch {row['added_us_per_decode_step']:+.1f} "
             f"us of host time = {100 * row['share_of_step']:.2f} % of it"
         )
     if row["untimed_calls"]:

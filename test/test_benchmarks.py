@@ -449,6 +449,17 @@ def test_report_pools_new_and_old_rows(tmp_path, capsys):
     assert "plugin/none over 3 paired reps: median 1.000" in out
 
 
+def test_watch_overhead_report_signs_a_negative_estimate_once(capsys):
+    # On a noisy host the median of (watched - plain) per block can be below zero (the 17:19 UTC
+    # DSA row of docs/gpu-results/watch-overhead-dsa-0514-h100-2026-12-07-1714.jsonl, bs 32).
+    rows = (REPO / "docs/gpu-results/watch-overhead-dsa-0514-h100-2026-12-07-1714.jsonl").read_text()
+    row = json.loads(rows.splitlines()[1])
+    importlib.import_module("watch_overhead").report(row)
+    out = capsys.readouterr().out
+    assert "watched -> -12.7 us per call" in out and "+-" not in out, out
+    assert "the watch +6.6 us of host time = 0.04 % of it" in out, out
+
+
 def test_runs_write_into_a_private_directory_even_under_a_shared_work_dir(tmp_path):
     # A --work-dir others can write to, with a symlink planted where a log or the model would go:
     # the run gets a fresh 0700 directory below it, so nothing is written through the plant.
