@@ -5,7 +5,7 @@ benchmark's A/A pilot spreads 10 % per paired rep (docs/gpu-results.md). So this
 the watch adds where it runs, and divides it by a decode step measured in the same run:
 
 1. Every hook the watch installs on this release (``watch.select``) that the backend under test
-   calls, each timed against sglang's own function, interleaved (A B A B ...), with the host clock
+   calls, each timed against sglang's own function, interleaved (A B, B A, ...), with the host clock
    around whole blocks that end in ``torch.cuda.synchronize()`` (what the hook adds to the GPU
    queue counts too):
    - ``row_write``: around ``assign_req_to_token_pool_func`` (its Triton kernel writes the decode
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     decode_step.add_arguments(parser)
     parser.add_argument("--calls", type=int, default=500, help="calls per timed block (default 500)")
-    parser.add_argument("--blocks", type=int, default=20, help="timed blocks per variant (default 20)")
+    parser.add_argument("--blocks", type=int, default=40, help="timed blocks per variant (default 40)")
     add_output_file_argument(parser, what="batch size")
     parser.add_argument(
         "--smoke",
@@ -69,10 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _timed_blocks(variants: dict, calls: int, blocks: int, sync) -> dict:
-    """Microseconds per call, per block, per variant; variants interleaved block by block."""
+    """Microseconds per call, per block, per variant; variants interleaved block by block, their
+    order reversed every other block (A B, B A, A B, ...): a variant that always ran second
+    would carry whatever running second does to a block (the 17:25 UTC H200 run of
+    docs/gpu-results.md saw +-7 us between variants that differ by a no-op call)."""
     per_call = {name: [] for name in variants}
-    for _ in range(blocks):
-        for name, call in variants.items():
+    order = list(variants.items())
+    for block in range(blocks):
+        for name, call in order if block % 2 == 0 else order[::-1]:
             sync()
             t0 = time.perf_counter()
             for _ in range(calls):

@@ -460,6 +460,27 @@ def test_watch_overhead_report_signs_a_negative_estimate_once(capsys):
     assert "the watch +6.6 us of host time = 0.04 % of it" in out, out
 
 
+def test_watch_overhead_alternates_which_variant_runs_first():
+    # Neither variant always runs second in a block pair (A B, B A, ...), and each block is
+    # `calls` calls between two syncs.
+    ran = []
+    variants = {"plain": lambda: ran.append("plain"), "watched": lambda: ran.append("watched")}
+    timed = importlib.import_module("watch_overhead")._timed_blocks(
+        variants, calls=2, blocks=3, sync=lambda: ran.append("sync")
+    )
+    blocks = "".join(ran).split("syncsync")
+    plain, watched = "plain" * 2, "watched" * 2
+    assert [b.replace("sync", "") for b in blocks if b.strip("sync")] == [
+        plain,
+        watched,
+        watched,
+        plain,
+        plain,
+        watched,
+    ], ran
+    assert {name: len(per_block) for name, per_block in timed.items()} == {"plain": 3, "watched": 3}
+
+
 def test_runs_write_into_a_private_directory_even_under_a_shared_work_dir(tmp_path):
     # A --work-dir others can write to, with a symlink planted where a log or the model would go:
     # the run gets a fresh 0700 directory below it, so nothing is written through the plant.
