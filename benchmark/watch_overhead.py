@@ -5,9 +5,9 @@ benchmark's A/A pilot spreads 10 % per paired rep (docs/gpu-results.md). So this
 the watch adds where it runs, and divides it by a decode step measured in the same run:
 
 1. Every hook the watch installs on this release (``watch.select``) that the backend under test
-   calls, each timed against sglang's own function, interleaved (A B, B A, ...), with the host clock
-   around whole blocks that end in ``torch.cuda.synchronize()`` (what the hook adds to the GPU
-   queue counts too):
+   calls, called through sglang's HookRegistry wrapper and timed against sglang's own function,
+   interleaved (A B, B A, ...), with the host clock around whole blocks that end in
+   ``torch.cuda.synchronize()`` (what the hook adds to the GPU queue counts too):
    - ``row_write``: around ``assign_req_to_token_pool_func`` (its Triton kernel writes the decode
      reservation into req_to_token);
    - ``row_read``: around ``assign_extend_cache_locs_func`` (verify reads its slots back);
@@ -101,12 +101,16 @@ def _summary(per_call: dict) -> dict:
 
 
 def _time_hook(watch, candidate, original, args, kwargs, context, settings) -> dict:
-    """One hook around sglang's function, against that function alone, on the same arguments."""
+    """One hook around sglang's function, against that function alone, on the same arguments.
+    The hook is called as a server calls it: through the wrapper sglang's HookRegistry puts in
+    the function's place (hook_registry._wrap_fn, AROUND; 0.5.13 - 0.5.23 :386-392)."""
+    from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+
     site = watch.Site(candidate.kind, candidate.target, candidate.buffer, slot=0)
-    hook = watch._hook(watch.kinds()[candidate.kind], site)
+    wrapped = _wrap_fn(original, watch._hook(watch.kinds()[candidate.kind], site), HookType.AROUND)
     variants = {
         "plain": lambda: original(*args, **kwargs),
-        "watched": lambda: hook(original, *args, **kwargs),
+        "watched": lambda: wrapped(*args, **kwargs),
     }
     with context():
         for call in variants.values():  # warm-up: Triton compiles, the counters are allocated
