@@ -260,17 +260,19 @@ class TestRowCheck(unittest.TestCase):
         self.assertEqual(counters, [1, 2, 12])
 
     def test_the_current_device_is_torchs_own_read_of_it(self):
-        # watch._current_device calls what torch.cuda.current_device() calls after its lazy-init
+        # watch._CURRENT_DEVICE is what torch.cuda.current_device() calls after its lazy-init
         # check; a torch whose current_device() does anything else fails here.
         import inspect
 
         body = inspect.getsource(torch.cuda.current_device).split('"""')[-1].split()
         self.assertEqual(body, ["_lazy_init()", "return", "torch._C._cuda_getDevice()"])
         with (
-            mock.patch.object(watch, "_CURRENT_DEVICE", None),
+            mock.patch.object(watch, "_CUDA", None),
+            mock.patch.object(watch, "_CURRENT_DEVICE", None),  # (both as they were after)
             mock.patch.object(torch._C, "_cuda_getDevice", lambda: 3),
         ):
-            self.assertEqual(watch._current_device(), 3)
+            watch._cuda()
+            self.assertEqual(watch._CURRENT_DEVICE(), 3)
 
     def test_the_installed_triton_runner_is_one_read_here(self):
         # watch._direct_launch stands in for CompiledKernel[grid]'s runner only where the installed

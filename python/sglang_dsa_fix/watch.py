@@ -166,31 +166,19 @@ def _counters(device):
     return counters
 
 
-_CUDA = None
-_CURRENT_DEVICE = None
+_CUDA = _CURRENT_DEVICE = None
 
 
 def _cuda():
-    """torch.cuda, imported once (an import statement per call costs host time on the hot path)."""
-    global _CUDA
+    """torch.cuda, imported once (an import statement per call costs host time on the hot path);
+    ``_CURRENT_DEVICE``: torch.cuda.current_device() less its lazy-init check (0.3 - 0.5 us; torch
+    2.11 / 2.14 cuda/__init__.py), which a row check, asking with a CUDA tensor in hand, needs not."""
+    global _CUDA, _CURRENT_DEVICE
     if _CUDA is None:
-        import torch.cuda
-
-        _CUDA = torch.cuda
-    return _CUDA
-
-
-def _current_device() -> int:
-    """The current CUDA device's index. torch.cuda.current_device() is _lazy_init() then
-    torch._C._cuda_getDevice() (torch 2.11 and 2.14 cuda/__init__.py current_device); a row
-    check reaches here only with a CUDA tensor in hand, so CUDA is initialised and the lazy-init
-    check (0.3 - 0.5 us of a row check on the H100 / H200, docs/gpu-results.md) is left out."""
-    global _CURRENT_DEVICE
-    if _CURRENT_DEVICE is None:
         import torch
 
-        _CURRENT_DEVICE = getattr(torch._C, "_cuda_getDevice", None) or _cuda().current_device
-    return _CURRENT_DEVICE()
+        _CUDA, _CURRENT_DEVICE = torch.cuda, getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+    return _CUDA
 
 
 _KERNEL = None
@@ -381,7 +369,7 @@ def _check_rows(site: Site, req_to_token, start_offset, end_offset, batch_size) 
     key = (
         start_offset.device,
         end_offset.device,
-        _current_device() if on_cuda else None,
+        (_cuda() and _CURRENT_DEVICE()) if on_cuda else None,
         start_offset.dtype,
         end_offset.dtype,
         -(-batch_size // _ROW_CHECK_BLOCK),
