@@ -11,6 +11,8 @@ the watch adds where it runs, and divides it by a decode step measured in the sa
    - ``row_write``: around ``assign_req_to_token_pool_func`` (its Triton kernel writes the decode
      reservation into req_to_token);
    - ``row_read``: around ``assign_extend_cache_locs_func`` (verify reads its slots back);
+   - ``row_read_uniform`` (0.5.17+): around ``assign_extend_cache_locs_uniform_func`` (EAGLE's
+     verify read, called by keyword as sglang calls it);
    - the backend's replay check (``dsa_replay`` or ``triton_replay``): around the real backend's
      replay method, repeating one real TARGET_VERIFY replay of ``bs`` requests
      (``watch_replay_calls.py``).
@@ -123,15 +125,24 @@ def _time_hook(watch, candidate, original, args, kwargs, context, settings) -> d
 
 
 def _row_calls(torch, bs: int, C: int, D: int, device: str) -> dict:
-    """The arguments sglang passes the row writer (decode reservation 2D) and reader (verify, D)."""
+    """(args, kwargs) sglang passes the row writer (decode reservation 2D) and readers (verify, D)."""
     width = C + 4 + 2 * D  # any width: the check's cost does not depend on it
     pool = torch.zeros((bs + 1, width), dtype=torch.int32, device=device)
     rows = torch.arange(1, bs + 1, dtype=torch.int64, device=device)
     start = torch.full((bs,), C - 2 * D, dtype=torch.int64, device=device)
     out_cache_loc = torch.arange(bs * 2 * D, dtype=torch.int64, device=device)
+    uniform = dict(
+        req_pool_indices=rows,
+        req_to_token=pool,
+        start_offset=start,
+        batch_size=bs,
+        draft_token_num=D,
+        device=device,
+    )
     return {
-        "row_write": (rows, pool, start, start + 2 * D, out_cache_loc, bs),
-        "row_read": (rows, pool, start, start + D, bs, D, device),
+        "row_write": ((rows, pool, start, start + 2 * D, out_cache_loc, bs), {}),
+        "row_read": ((rows, pool, start, start + D, bs, D, device), {}),
+        "row_read_uniform": ((), uniform),
     }
 
 
@@ -148,10 +159,12 @@ def time_hooks(args, bs: int, settings) -> dict:
     candidates = {c.kind: c for c in watch.select(settings.version, resolve=False)}
     C, D = args.context_length, args.speculative_num_steps + 1
     results = {}
-    for kind, arguments in _row_calls(torch, bs, C, D, device).items():
+    for kind, (arguments, keywords) in _row_calls(torch, bs, C, D, device).items():
+        if kind not in candidates:  # a reader this release does not have
+            continue
         original = pkgutil.resolve_name(candidates[kind].target)
         results[kind] = _time_hook(
-            watch, candidates[kind], original, arguments, {}, contextlib.nullcontext, settings
+            watch, candidates[kind], original, arguments, keywords, contextlib.nullcontext, settings
         )
     replay = candidates[REPLAY_KIND[args.backend]]
     original, replay_args, replay_kwargs, context = watch_replay_calls.REPLAYS[args.backend](
@@ -242,7 +255,7 @@ def measure_steps(args, on_cuda: bool, settings) -> tuple:
         )
         decode_step.engine_config(args.backend, args, model)  # what a rename could break
         bs, D = args.batch_sizes[0], args.speculative_num_steps + 1
-        write = _row_calls(settings.torch, bs, args.context_length, D, "cpu")["row_write"]
+        write, _ = _row_calls(settings.torch, bs, args.context_length, D, "cpu")["row_write"]
         target = next(c.target for c in watch.select(settings.version) if c.kind == "row_write")
         settings.counted = decode_step.counted_once(Path(work), target, write)
         return {}, None
@@ -276,7 +289,7 @@ def report(row: dict) -> None:
     calls = (row["decode_step"] or {}).get("calls_per_step", {})
     for kind, r in row["hooks"].items():
         print(
-            f"bs {row['batch_size']} {kind:13s} {r['target']}: {r['plain_us_median']:.1f} us alone, "
+            f"bs {row['batch_size']} {kind:16s} {r['target']}: {r['plain_us_median']:.1f} us alone, "
             f"{r['watched_us_median']:.1f} us watched -> {r['added_us_median']:+.1f} us per call (blocks: "
             f"{r['added_us_min']:.1f} .. {r['added_us_max']:.1f}); {calls.get(kind, '?')} calls per step"
         )

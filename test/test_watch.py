@@ -38,13 +38,15 @@ import graph_backends
 import torch
 from helpers import PluginRegistration
 
-from sglang_dsa_fix import plugin, runtime_fix, watch
+from sglang_dsa_fix import plugin, row_check, runtime_fix, watch
 from sglang_dsa_fix.members.fa3 import tables as fa3_width
 
 REPO = Path(__file__).resolve().parents[1]
 # Other releases as overlays (scripts/release_matrix.py installs them into .matrix/).
 MATRIX = Path(os.environ.get("SGLANG_DSA_FIX_MATRIX", REPO / ".matrix"))
 OVERLAY_0_5_23 = MATRIX / "sglang-0.5.23"
+# 0.5.17+: EAGLE's verify reads its slots through this reader (members/row_overflow.py).
+UNIFORM_READER = "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func"
 
 
 # Releases whose pristine graph page_table is max_context_len + D (RELEASES.md) that the watch covers.
@@ -148,6 +150,15 @@ class TestSwitchAndSites(unittest.TestCase):
             )
         self.assertEqual(writer("0.5.10"), [])  # no plugin API before 0.5.11
 
+    def test_uniform_reader_target_per_release(self):
+        def reader(version):
+            return [c.target for c in watch.select(version, resolve=False) if c.kind == "row_read_uniform"]
+
+        for version in ("0.5.14", "0.5.16"):
+            self.assertEqual(reader(version), [])
+        for version in ("0.5.17", "0.5.23"):
+            self.assertEqual(reader(version), [UNIFORM_READER])
+
     def test_row_hooks_read_the_arguments_where_sglang_passes_them(self):
         # The row hooks take positional arguments by index: the installed functions' own order.
         import inspect
@@ -162,22 +173,29 @@ class TestSwitchAndSites(unittest.TestCase):
                 "batch_size",
             ],
             "row_read": ["req_pool_indices", "req_to_token", "start_offset", "end_offset", "batch_size"],
+            "row_read_uniform": [
+                "req_pool_indices",
+                "req_to_token",
+                "start_offset",
+                "batch_size",
+                "draft_token_num",
+            ],
         }
         chosen = {c.kind: c.target for c in watch.select(installed_version())}
-        self.assertEqual(set(expected) - set(chosen), set())
-        for kind, names in expected.items():
+        self.assertEqual({"row_write", "row_read"} - set(chosen), set())
+        for kind, names in ((k, n) for k, n in expected.items() if k in chosen):
             parameters = list(inspect.signature(pkgutil.resolve_name(chosen[kind])).parameters)
             self.assertEqual(parameters[: len(names)], names, kind)
 
 
 class TestRowCheck(unittest.TestCase):
     def test_counts_columns_written_past_the_row(self):
-        site = watch.Site("row_write", "test.row_write", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        site = watch.Site("row_write", "test.row_write", "req_to_token", slot=row_check.MAX_DEVICE_SITES - 1)
         rows = [(8, 12), (11, 11), (12, 14), (3, 9)]  # 2 past, nothing written, 2 past, inside
         start, end = (torch.tensor(list(x), dtype=torch.int32) for x in zip(*rows))
         try:
-            watch._check_rows(site, torch.zeros(4, 10, dtype=torch.int32), start, end, 4)
-            counters = watch._DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
+            row_check.check(site, torch.zeros(4, 10, dtype=torch.int32), start, end, 4)
+            counters = row_check.DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
         finally:
             watch.reset()
         self.assertEqual(counters, [*observed([(s, e, 10) for s, e in rows]), 14])
@@ -186,15 +204,15 @@ class TestRowCheck(unittest.TestCase):
     def test_many_rows_strided_offsets_and_a_short_batch(self):
         # 300 rows: three kernel programs adding into the same counters; strided offsets; a
         # batch_size larger than the tensors (read only what is there).
-        site = watch.Site("row_write", "test.many", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        site = watch.Site("row_write", "test.many", "req_to_token", slot=row_check.MAX_DEVICE_SITES - 1)
         start = torch.arange(300, dtype=torch.int64) % 20
         end = start + torch.arange(300, dtype=torch.int64) % 7
         rows = list(zip(start.tolist(), end.tolist()))
         try:
-            watch._check_rows(site, torch.zeros(2, 20, dtype=torch.int32), start, end, 300)
+            row_check.check(site, torch.zeros(2, 20, dtype=torch.int32), start, end, 300)
             strided = torch.stack((start, end), dim=1)
-            watch._check_rows(site, torch.zeros(2, 20, dtype=torch.int32), strided[:, 0], strided[:, 1], 500)
-            counters = watch._DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
+            row_check.check(site, torch.zeros(2, 20, dtype=torch.int32), strided[:, 0], strided[:, 1], 500)
+            counters = row_check.DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
         finally:
             watch.reset()
         once = observed([(s, e, 20) for s, e in rows])
@@ -204,26 +222,26 @@ class TestRowCheck(unittest.TestCase):
     def test_row_check_reads_nothing_back_from_the_device(self):
         # The check is one kernel launch: no .item() / int() / bool() / .tolist() of a tensor on
         # the way (the GPU tier runs it under set_sync_debug_mode("error"), test_watch_cuda.py).
-        site = watch.Site("row_write", "test.reads", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        site = watch.Site("row_write", "test.reads", "req_to_token", slot=row_check.MAX_DEVICE_SITES - 1)
         start, end = torch.tensor([8, 2, 9]), torch.tensor([12, 5, 9])
 
         def refuse(*args, **kwargs):
             raise AssertionError("the row check read a tensor value back")
 
-        watch._counters(torch.device("cpu"))  # the once-per-device allocation
+        row_check._counters(torch.device("cpu"))  # the once-per-device allocation
         try:
             with contextlib.ExitStack() as stack:
                 for name in ("item", "tolist", "__bool__", "__int__", "__index__", "__float__"):
                     stack.enter_context(mock.patch.object(torch.Tensor, name, refuse))
-                watch._check_rows(site, torch.zeros(4, 10, dtype=torch.int32), start, end, 3)
+                row_check.check(site, torch.zeros(4, 10, dtype=torch.int32), start, end, 3)
             self.assertIsNone(site.failed)
-            self.assertEqual(watch._DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist(), [1, 2, 12])
+            self.assertEqual(row_check.DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist(), [1, 2, 12])
         finally:
             watch.reset()
 
     def test_positional_and_named_arguments_count_the_same(self):
         # The row hook reads sglang's positional arguments by index, named ones by name.
-        site = watch.Site("row_write", "test.arguments", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        site = watch.Site("row_write", "test.arguments", "req_to_token", slot=row_check.MAX_DEVICE_SITES - 1)
         hook = watch._hook(watch.kinds()["row_write"], site)
         calls = []
         pool, rows = torch.zeros(4, 10, dtype=torch.int32), torch.arange(3)
@@ -239,7 +257,7 @@ class TestRowCheck(unittest.TestCase):
                 out_cache_loc=None,
                 batch_size=3,
             )
-            counters = watch._DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
+            counters = row_check.DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
         finally:
             watch.reset()
         self.assertIsNone(site.failed)
@@ -250,41 +268,41 @@ class TestRowCheck(unittest.TestCase):
         # (numpy 2's integers have a .device too: only a tensor's value is left unread.)
         import numpy
 
-        site = watch.Site("row_write", "test.numpy", "req_to_token", slot=watch.MAX_DEVICE_SITES - 1)
+        site = watch.Site("row_write", "test.numpy", "req_to_token", slot=row_check.MAX_DEVICE_SITES - 1)
         start, end = torch.tensor([8, 2, 9]), torch.tensor([12, 5, 15])
         try:
-            watch._check_rows(site, torch.zeros(4, 10, dtype=torch.int32), start, end, numpy.int64(2))
-            counters = watch._DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
+            row_check.check(site, torch.zeros(4, 10, dtype=torch.int32), start, end, numpy.int64(2))
+            counters = row_check.DEVICE_COUNTERS[torch.device("cpu")][site.slot].tolist()
         finally:
             watch.reset()
         self.assertEqual(counters, [1, 2, 12])
 
     def test_the_current_device_is_torchs_own_read_of_it(self):
-        # watch._CURRENT_DEVICE is what torch.cuda.current_device() calls after its lazy-init
+        # row_check._CURRENT_DEVICE is what torch.cuda.current_device() calls after its lazy-init
         # check; a torch whose current_device() does anything else fails here.
         import inspect
 
         body = inspect.getsource(torch.cuda.current_device).split('"""')[-1].split()
         self.assertEqual(body, ["_lazy_init()", "return", "torch._C._cuda_getDevice()"])
         with (
-            mock.patch.object(watch, "_CUDA", None),
-            mock.patch.object(watch, "_CURRENT_DEVICE", None),  # (both as they were after)
+            mock.patch.object(row_check, "_CUDA", None),
+            mock.patch.object(row_check, "_CURRENT_DEVICE", None),  # (both as they were after)
             mock.patch.object(torch._C, "_cuda_getDevice", lambda: 3),
         ):
-            watch._cuda()
-            self.assertEqual(watch._CURRENT_DEVICE(), 3)
+            row_check._cuda()
+            self.assertEqual(row_check._CURRENT_DEVICE(), 3)
 
     def test_the_installed_triton_runner_is_one_read_here(self):
-        # watch._direct_launch stands in for CompiledKernel[grid]'s runner only where the installed
-        # Triton's is one read for it (watch._RUNNER_SOURCES): a Triton that changes it fails here
+        # row_check._direct_launch stands in for CompiledKernel[grid]'s runner only where the installed
+        # Triton's is one read for it (row_check._RUNNER_SOURCES): a Triton that changes it fails here
         # (the GPU tier, test/srt/test_watch_cuda.py, runs the launch itself).
         from triton.compiler.compiler import CompiledKernel
 
-        self.assertIn(watch._source_digest(CompiledKernel.__getitem__), watch._RUNNER_SOURCES)
+        self.assertIn(row_check._source_digest(CompiledKernel.__getitem__), row_check._RUNNER_SOURCES)
 
     def test_the_c_launch_is_the_installed_launchers_own_call(self):
-        # Below the runner, watch._direct_launch calls the C launch as the installed launcher
-        # (CudaLauncher.__call__) calls it, where that launcher is one of watch._C_LAUNCH_SOURCES,
+        # Below the runner, row_check._direct_launch calls the C launch as the installed launcher
+        # (CudaLauncher.__call__) calls it, where that launcher is one of row_check._C_LAUNCH_SOURCES,
         # read whole; any other launcher, even one that keeps the same call and adds a step
         # before it, is called itself (form None), and so is a kernel that needs scratch memory,
         # which only the launcher allocates.
@@ -294,15 +312,15 @@ class TestRowCheck(unittest.TestCase):
 
         from triton.backends.nvidia.driver import CudaLauncher
 
-        installed = watch._C_LAUNCH_SOURCES.get(watch._source_digest(CudaLauncher.__call__))
+        installed = row_check._C_LAUNCH_SOURCES.get(row_check._source_digest(CudaLauncher.__call__))
         self.assertIsNotNone(installed, "the installed Triton's CudaLauncher.__call__ is not one read here")
         launcher = CudaLauncher.__new__(CudaLauncher)  # (its __init__ compiles a kernel's launch)
         launcher.global_scratch_size, launcher.profile_scratch_size = 0, 0
-        self.assertEqual(watch._c_launch_form(launcher), installed)
+        self.assertEqual(row_check._c_launch_form(launcher), installed)
         launcher.global_scratch_size = 128
-        self.assertIsNone(watch._c_launch_form(launcher))
+        self.assertIsNone(row_check._c_launch_form(launcher))
         launcher.global_scratch_size, launcher.gsan_enabled = 0, True
-        self.assertIsNone(watch._c_launch_form(launcher))
+        self.assertIsNone(row_check._c_launch_form(launcher))
 
         # Copies of the installed __call__ in a file of their own: unchanged, it is the installed
         # form; with one statement added at its top (the same C-launch call after it), none.
@@ -321,7 +339,7 @@ class TestRowCheck(unittest.TestCase):
                 spec.loader.exec_module(module)
                 copy = getattr(module, name).__new__(getattr(module, name))
                 copy.global_scratch_size, copy.profile_scratch_size = 0, 0
-                self.assertEqual(watch._c_launch_form(copy), form)
+                self.assertEqual(row_check._c_launch_form(copy), form)
 
         # A wrapper in __call__'s place (functools.wraps: inspect.getsource would read what it
         # wraps) and a __call__ whose source cannot be read: neither is a form read here.
@@ -333,18 +351,18 @@ class TestRowCheck(unittest.TestCase):
 
         namespace = {}
         exec("def unread(self, *args):\n    pass\n", namespace)
-        self.assertEqual(watch._source_digest(namespace["unread"]), "")
+        self.assertEqual(row_check._source_digest(namespace["unread"]), "")
         for name, call in (("Wrapped", wrapped), ("Unread", namespace["unread"])):
             with self.subTest(launcher=name):
                 other = type(name, (CudaLauncher,), {"__call__": call})
                 copy = other.__new__(other)
                 copy.global_scratch_size, copy.profile_scratch_size = 0, 0
-                self.assertIsNone(watch._c_launch_form(copy))
-        self.assertIsNone(watch._c_launch_form(SimpleNamespace()))  # no sizes: unknown, not 0
+                self.assertIsNone(row_check._c_launch_form(copy))
+        self.assertIsNone(row_check._c_launch_form(SimpleNamespace()))  # no sizes: unknown, not 0
 
     def test_the_c_launch_gets_what_the_installed_launcher_gives_it(self):
         # The same launch both ways, on the installed Triton: CompiledKernel[grid]'s runner through
-        # the real CudaLauncher.__call__, and watch._direct_launch's C launch. Only the C launch
+        # the real CudaLauncher.__call__, and row_check._direct_launch's C launch. Only the C launch
         # itself (it needs a GPU) and the driver's device and stream are stand-ins, which record.
         import triton
         from triton.backends.nvidia.driver import CudaLauncher
@@ -374,12 +392,12 @@ class TestRowCheck(unittest.TestCase):
         recording.start()
         self.addCleanup(recording.stop)
         self.addCleanup(setattr, compiled, "module", None)  # (nothing for __del__ to unload)
-        start, counters = torch.arange(3), torch.zeros(watch.MAX_DEVICE_SITES, 3, dtype=torch.int64)
+        start, counters = torch.arange(3), torch.zeros(row_check.MAX_DEVICE_SITES, 3, dtype=torch.int64)
         end = start + 5
-        compiled[(1, 1, 1)](start, end, counters, 2, 50, 3, watch._ROW_CHECK_BLOCK)
-        launch = watch._direct_launch(compiled, 1, 0, counters)
-        launch(start, end, 2, 50, 3)
-        self.assertIn(launch.direct, watch._C_LAUNCH_SOURCES.values())
+        compiled[(1, 1, 1)](start, end, counters, 2, 50, 3, 4, row_check._ROW_CHECK_BLOCK)
+        launch = row_check._direct_launch(compiled, 1, 0, counters)
+        launch(start, end, 2, 50, 3, 4)
+        self.assertIn(launch.direct, row_check._C_LAUNCH_SOURCES.values())
         through_launcher, direct = calls
         # (the runner hands the C launch tensors and its empty hook chains, the watch addresses
         # and None, which the C launch reads alike)
@@ -459,6 +477,79 @@ class TestRowWrites0523(unittest.TestCase):
         self.assertGreaterEqual(pristine["watched"][0], 1)
         self.assertGreater(pristine["columns_past_row_end"], 0)
         self.assertEqual((fixed["watched"], fixed["observed"]), ([0, 0], [0, 0]))
+
+
+@unittest.skipUnless(
+    watch._resolves(UNIFORM_READER),
+    "no uniform verify reader in this sglang (0.5.17+: the release matrix runs it)",
+)
+class TestUniformRowReads(unittest.TestCase):
+    """0.5.17+: EAGLE's verify reads the same draft_token_num columns of every row from start, the
+    end computed in sglang's kernel (no end tensor). The real reader, its Triton kernel under the
+    interpreter where sglang takes its GPU path; the same reader's CPU fallback calls the (hooked)
+    end-tensor reader, whose read is the uniform call's, counted once."""
+
+    WIDTH, D = 10, 4
+    STARTS = [3, 8, 6]  # [3, 7) inside; [8, 12) 2 past the row; [6, 10) ends at the width
+
+    def read(self, gpu_path: bool, positional: bool = False):
+        import sglang.kernels.ops.speculative.cache_locs as cache_locs
+
+        pool = torch.arange(4 * self.WIDTH, dtype=torch.int32).reshape(4, self.WIDTH)
+        rows, start = torch.tensor([0, 1, 2]), torch.tensor(self.STARTS)
+        uniform_target, uniform_hook = watch_hook("row_read_uniform", installed_version())
+        end_target, end_hook = watch_hook("row_read", installed_version())
+        self.assertEqual(end_target, f"{cache_locs.__name__}.assign_extend_cache_locs_func")
+        fallback_reads = []
+        end_reader = cache_locs.assign_extend_cache_locs_func
+
+        def recorded(*args, **kwargs):
+            fallback_reads.append(kwargs["end_offset"].tolist())
+            return end_reader(*args, **kwargs)
+
+        watch.reset()
+        self.addCleanup(watch.reset)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(mock.patch.object(cache_locs, "assign_extend_cache_locs_func", recorded))
+            if gpu_path:  # sglang's CUDA branch, its real kernel under TRITON_INTERPRET
+                stack.enter_context(mock.patch.object(cache_locs, "_is_cuda", True))
+            stack.enter_context(hooked(end_target, end_hook))
+            stack.enter_context(hooked(uniform_target, uniform_hook))
+            arguments = (rows, pool, start, 3, self.D, "cpu")
+            names = (
+                "req_pool_indices",
+                "req_to_token",
+                "start_offset",
+                "batch_size",
+                "draft_token_num",
+                "device",
+            )
+            reader = cache_locs.assign_extend_cache_locs_uniform_func
+            out = reader(*arguments) if positional else reader(**dict(zip(names, arguments)))
+        return out, watch.report(), fallback_reads
+
+    def expected(self):
+        return list(observed([(s, s + self.D, self.WIDTH) for s in self.STARTS]))
+
+    def test_gpu_path_counts_the_rows_read_past_the_end(self):
+        self.assertEqual(self.expected(), [1, 2])
+        for positional in (False, True):
+            with self.subTest(positional=positional):
+                out, report, fallback_reads = self.read(gpu_path=True, positional=positional)
+                self.assertEqual(fallback_reads, [])
+                counted = [report["uniform_row_reads_past_end"], report["uniform_row_read_columns_past_end"]]
+                self.assertEqual(counted, self.expected())
+                self.assertEqual(report["row_reads_past_end"], 0)
+                self.assertIsNone(report.get("failed"))
+                # What the read past the end returned: row 1's slots 8, 9 and row 2's first two.
+                self.assertEqual(out.view(3, self.D)[1].tolist(), [18, 19, 20, 21])
+
+    def test_fallback_read_is_counted_once(self):
+        out, report, fallback_reads = self.read(gpu_path=False)
+        self.assertEqual(fallback_reads, [[s + self.D for s in self.STARTS]])  # the hooked reader ran
+        counted = [report["uniform_row_reads_past_end"], report["uniform_row_read_columns_past_end"]]
+        self.assertEqual(counted, self.expected())
+        self.assertEqual([report["row_reads_past_end"], report["row_read_columns_past_end"]], [0, 0])
 
 
 class TestDsaReplay(unittest.TestCase):

@@ -6,7 +6,9 @@ import unittest
 
 import torch
 
-from sglang_dsa_fix import watch
+from sglang_dsa_fix import row_check, watch
+
+UNIFORM_READER = "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func"
 
 
 @unittest.skipUnless(torch.cuda.is_available(), "needs a CUDA GPU")
@@ -21,19 +23,21 @@ class TestWatchAddsNoSync(unittest.TestCase):
         pool = torch.zeros((4, 300), dtype=torch.int32, device="cuda")
         start = torch.tensor([250, 10, 290], dtype=torch.int64, device="cuda")
         end = torch.tensor([306, 20, 290], dtype=torch.int64, device="cuda")  # row 0: 6 past, row 2: none
-        watch._counters(torch.device("cuda", torch.cuda.current_device()))  # the once-per-device allocation
+        row_check._counters(
+            torch.device("cuda", torch.cuda.current_device())
+        )  # the once-per-device allocation
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         for _ in range(100):
-            watch._check_rows(site, pool, start, end, 3)
+            row_check.check(site, pool, start, end, 3)
         torch.cuda.set_sync_debug_mode("default")
-        counters = watch._DEVICE_COUNTERS[end.device][0].tolist()
+        counters = row_check.DEVICE_COUNTERS[end.device][0].tolist()
         self.assertEqual(counters[:2], [100, 600])
         self.assertEqual(counters[2], 306)
 
     def test_compiled_launch_counts_as_the_jit_launch(self):
         # After its first call per (device, dtypes, programs) the row check launches the compiled
-        # kernel directly (watch._LAUNCHES, watch._direct_launch): every later call must count
+        # kernel directly (row_check._LAUNCHES, row_check._direct_launch): every later call must count
         # what a host reference counts, for both offset dtypes, views at odd offsets (no alignment
         # assumed) and batch sizes of one to three programs.
         self._count_as_the_host_reference()
@@ -43,14 +47,14 @@ class TestWatchAddsNoSync(unittest.TestCase):
         # the cached launch calls that launcher, with the same counts.
         from unittest import mock
 
-        with mock.patch.dict(watch._C_LAUNCH_SOURCES, clear=True):
+        with mock.patch.dict(row_check._C_LAUNCH_SOURCES, clear=True):
             self._count_as_the_host_reference(form="launcher")
 
     def test_a_runner_of_no_known_form_launches_itself(self):
         # Where CompiledKernel.__getitem__ is none the watch read, its runner launches.
         from unittest import mock
 
-        with mock.patch.dict(watch._RUNNER_SOURCES, clear=True):
+        with mock.patch.dict(row_check._RUNNER_SOURCES, clear=True):
             self._count_as_the_host_reference(form="runner")
 
     def test_a_registered_launch_hook_gets_the_runner_and_its_metadata(self):
@@ -84,7 +88,7 @@ class TestWatchAddsNoSync(unittest.TestCase):
         hook(lambda *a: None, rows, pool, start.cpu(), end, None, 3)
         self.assertIsNotNone(site.failed)
         torch.cuda.synchronize()  # no illegal address was read
-        self.assertEqual(watch._DEVICE_COUNTERS[end.device][2].tolist(), [2, 6, 53])
+        self.assertEqual(row_check.DEVICE_COUNTERS[end.device][2].tolist(), [2, 6, 53])
 
     def test_a_check_captured_in_a_cuda_graph_counts_every_replay(self):
         # A cached row check launched while a graph is captured becomes part of the graph: each
@@ -94,13 +98,13 @@ class TestWatchAddsNoSync(unittest.TestCase):
         pool = torch.zeros((4, 50), dtype=torch.int32, device="cuda")
         start = torch.tensor([10, 48, 20], device="cuda")
         end = start + 5  # row 1: 3 past
-        watch._check_rows(site, pool, start, end, 3)  # outside the capture: the JIT launch
+        row_check.check(site, pool, start, end, 3)  # outside the capture: the JIT launch
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            watch._check_rows(site, pool, start, end, 3)
-            watch._check_rows(site, pool, start.int(), end.int(), 3)  # a new key: skipped
+            row_check.check(site, pool, start, end, 3)
+            row_check.check(site, pool, start.int(), end.int(), 3)  # a new key: skipped
         torch.cuda.synchronize()
-        counters = watch._DEVICE_COUNTERS[end.device]
+        counters = row_check.DEVICE_COUNTERS[end.device]
         self.assertEqual(counters[3].tolist(), [1, 3, 53])  # capturing runs nothing
         end.add_(1)  # what the replays read: row 1 now 4 past
         for _ in range(4):
@@ -108,11 +112,41 @@ class TestWatchAddsNoSync(unittest.TestCase):
         torch.cuda.synchronize()
         self.assertEqual(counters[3].tolist(), [1 + 4, 3 + 4 * 4, 54])
         self.assertIsNone(site.failed)
-        self.assertEqual({key[3] for key in watch._LAUNCHES}, {torch.int64})
+        self.assertEqual({key[3] for key in row_check._LAUNCHES}, {torch.int64})
         watch.reset()  # in place: the graph's counters are the watch's
         graph.replay()
         torch.cuda.synchronize()
-        self.assertEqual(watch._DEVICE_COUNTERS[end.device][3].tolist(), [1, 4, 54])
+        self.assertEqual(row_check.DEVICE_COUNTERS[end.device][3].tolist(), [1, 4, 54])
+
+    @unittest.skipUnless(watch._resolves(UNIFORM_READER), "no uniform verify reader in this sglang (0.5.17+)")
+    def test_uniform_reader_counted_without_a_sync(self):
+        # 0.5.17+ EAGLE verify's reader on its GPU path: no end tensor (end = start + N in its
+        # kernel); the hook passes start and N. Its result is sglang's own.
+        import pkgutil
+
+        from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+
+        original = pkgutil.resolve_name(UNIFORM_READER)
+        site = watch.Site("row_read_uniform", UNIFORM_READER, "req_to_token", slot=4)
+        wrapped = _wrap_fn(original, watch._hook(watch.kinds()["row_read_uniform"], site), HookType.AROUND)
+        pool = torch.arange(4 * 10, dtype=torch.int32, device="cuda").reshape(4, 10)
+        arguments = dict(
+            req_pool_indices=torch.tensor([0, 1, 2], device="cuda"),
+            req_to_token=pool,
+            start_offset=torch.tensor([3, 8, 6], device="cuda"),  # row 1: 2 past
+            batch_size=3,
+            draft_token_num=4,
+            device="cuda",
+        )
+        wrapped(**arguments)  # the JIT launch
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        for _ in range(10):  # the cached launch
+            out = wrapped(**arguments)
+        torch.cuda.set_sync_debug_mode("default")
+        self.assertIsNone(site.failed)
+        self.assertEqual(row_check.DEVICE_COUNTERS[pool.device][4].tolist(), [11, 22, 12])
+        self.assertEqual(out.tolist(), original(**arguments).tolist())
 
     def _count_as_the_host_reference(self, form=None):
         site = watch.Site("row_write", "test.compiled", "req_to_token", slot=1)
@@ -126,21 +160,28 @@ class TestWatchAddsNoSync(unittest.TestCase):
                     start = torch.randint(0, 60, (batch + offset,), generator=generator)
                     end = start + torch.randint(0, 9, (batch + offset,), generator=generator)
                     rows = list(zip(start.tolist(), end.tolist()))[offset:]
-                    for _ in range(3):  # the first call takes the JIT path, the others not
-                        watch._check_rows(
-                            site, pool, start.to(dtype).cuda()[offset:], end.to(dtype).cuda()[offset:], batch
+                    for add in (0, 3, 0):  # the first call takes the JIT path, the others not
+                        row_check.check(
+                            site,
+                            pool,
+                            start.to(dtype).cuda()[offset:],
+                            end.to(dtype).cuda()[offset:],
+                            batch,
+                            add,
                         )
-                        past = [max(0, e - max(s, 50)) for s, e in rows]
+                        past = [max(0, e + add - max(s, 50)) for s, e in rows]
                         expected[0] += sum(p > 0 for p in past)
                         expected[1] += sum(past)
-                        expected[2] = max(expected[2], max(e for _, e in rows))
-                    launch = watch._LAUNCHES[(device, device, device.index, dtype, dtype, -(-batch // 128))]
+                        expected[2] = max(expected[2], max(e + add for _, e in rows))
+                    launch = row_check._LAUNCHES[
+                        (device, device, device.index, dtype, dtype, -(-batch // 128))
+                    ]
                     if form is None:  # the C launch of the installed Triton form (3.6 on the GPU host)
-                        self.assertIn(getattr(launch, "direct", None), watch._C_LAUNCH_SOURCES.values())
+                        self.assertIn(getattr(launch, "direct", None), row_check._C_LAUNCH_SOURCES.values())
                     else:
                         self.assertEqual(getattr(launch, "direct", None), form)
         self.assertIsNone(site.failed)
-        self.assertEqual(watch._DEVICE_COUNTERS[device][1].tolist(), expected)
+        self.assertEqual(row_check.DEVICE_COUNTERS[device][1].tolist(), expected)
 
 
 if __name__ == "__main__":

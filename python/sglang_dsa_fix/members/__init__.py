@@ -50,6 +50,7 @@ class WatchKind:
     targets: tuple  # ``release.WatchTarget``s in preference order: the first in range that resolves
     replay_check: Optional[Callable] = None  # a CUDA-graph replay, on the host: (site, arguments)
     batch_size_at: Optional[int] = None  # a row write / read, on the device: batch_size's position
+    span_at: Optional[int] = None  # a row read of N columns from start (no end tensor): N's position
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ def unjudged(found) -> str:
     )
 
 
-ROW_WRITE, ROW_READ = "row_write", "row_read"
+ROW_WRITE, ROW_READ, ROW_READ_UNIFORM = "row_write", "row_read", "row_read_uniform"
 # The family watch: every write of the decode reservation into req_to_token and every read of
 # the verify slots back out of it, counted on the device (watch.py's row check). batch_size is
 # the writer's 6th argument (req_pool_indices, req_to_token, start_offset, end_offset,
@@ -199,6 +199,27 @@ WATCHES = (
         ),
         batch_size_at=4,
     ),
+    # From 0.5.17 EAGLE's verify reads its slots through the uniform reader, every row the same
+    # draft_token_num columns from start_offset, its end computed in the kernel, which masks only
+    # the column against draft_token_num (0.5.17 kernels/ops/speculative/cache_locs.py:365-418,
+    # 0.5.23 :596; called by eagle_utils.py eagle_prepare_for_verify 0.5.17 :520, 0.5.23 :357, and
+    # in 0.5.23 by multi_layer_eagle_worker_v2.py :789 and mem_cache/kv_index_translator.py :336,
+    # each importing it from that module at call time). Its arguments: (req_pool_indices,
+    # req_to_token, start_offset, batch_size, draft_token_num, device, *, ...).
+    WatchKind(
+        ROW_READ_UNIFORM,
+        ("uniform_row_reads_past_end", "uniform_row_read_columns_past_end"),
+        targets=(
+            WatchTarget(
+                ROW_READ_UNIFORM,
+                "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func",
+                "req_to_token",
+                (0, 5, 17),
+            ),
+        ),
+        batch_size_at=3,
+        span_at=4,
+    ),
 )
 
 
@@ -218,7 +239,7 @@ MEMBERS = (
         locate=sites.row_site,
         rule=rule,
         hook=hook,
-        watch=(ROW_WRITE, ROW_READ),
+        watch=(ROW_WRITE, ROW_READ, ROW_READ_UNIFORM),
         unjudged=unjudged,
         releases="sglang 0.5.9 – newest with spec v2 (the default from 0.5.11); at page 1 from 0.5.16, and "
         "at page > 1 with decode context parallel on 0.5.16 – 0.5.18",

@@ -234,6 +234,8 @@ def watch_kind_violations() -> list:
             out.append(f"watch kind {kind.kind}: no target, or a target of another kind")
         if (kind.replay_check is None) == (kind.batch_size_at is None):
             out.append(f"watch kind {kind.kind}: not one of a replay check or a row check")
+        if kind.span_at is not None and kind.batch_size_at is None:
+            out.append(f"watch kind {kind.kind}: a fixed span with no batch size (not a row check)")
     return out
 
 
