@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import pkgutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
@@ -80,10 +81,10 @@ class Site:
 
 _SITES: dict[str, Site] = {}  # by target, in registration order
 _logged = set()
-# True while sglang's fixed-span reader runs: off CUDA / ROCm / MUSA / XPU it falls back to the
-# end-tensor reader (0.5.17 kernels/ops/speculative/cache_locs.py:420-429), hooked too, whose read
-# is then the one the fixed-span hook counted.
-_in_fixed_span_read = False
+# ``.on`` while sglang's fixed-span reader runs in this thread: off CUDA / ROCm / MUSA / XPU it
+# falls back to the end-tensor reader (0.5.17 kernels/ops/speculative/cache_locs.py:420-429),
+# hooked too, whose read is then the one the fixed-span hook counted.
+_in_fixed_span_read = threading.local()
 
 
 def reset() -> None:
@@ -147,15 +148,11 @@ def _arg(args, kwargs, index: int, name: str):
     return args[index] if len(args) > index else kwargs[name]
 
 
-def _refuse(span):
-    raise TypeError(f"draft_token_num is a {type(span).__name__}, not an int: its value is not read")
-
-
 def _row_hook(site: Site, batch_size_at: int):
     last = max(3, batch_size_at)
 
     def watch_rows(original_fn, *args, **kwargs):
-        if site.failed is None and not _in_fixed_span_read:
+        if site.failed is None and not getattr(_in_fixed_span_read, "on", False):
             try:
                 if len(args) > last:  # positional, as sglang calls them: no lookups by name
                     row_check.check(site, args[1], args[2], args[3], args[batch_size_at])
@@ -178,24 +175,24 @@ def _fixed_span_hook(site: Site, batch_size_at: int, span_at: int):
     """A reader of the same N columns from start in every row (no end tensor: end = start + N)."""
 
     def watch_fixed_span(original_fn, *args, **kwargs):
-        global _in_fixed_span_read
         if site.failed is None:
             try:
-                start, span = (
-                    _arg(args, kwargs, 2, "start_offset"),
-                    _arg(args, kwargs, span_at, "draft_token_num"),
-                )
-                if type(span) is not int:  # sglang passes an int; a tensor's is never read (a sync)
-                    span = int(span) if not hasattr(span, "data_ptr") else _refuse(span)
+                start = _arg(args, kwargs, 2, "start_offset")
+                span = _arg(args, kwargs, span_at, "draft_token_num")
+                if type(span) is not int:  # sglang passes an int
+                    if hasattr(span, "data_ptr"):  # a tensor's value is never read (a host sync)
+                        raise TypeError("draft_token_num is a tensor: its value is not read")
+                    span = int(span)
                 batch_size = _arg(args, kwargs, batch_size_at, "batch_size")
                 row_check.check(site, _arg(args, kwargs, 1, "req_to_token"), start, start, batch_size, span)
             except Exception as exc:  # never break sglang
                 _fail(site, exc)
-        outer, _in_fixed_span_read = _in_fixed_span_read, True
+        outer = getattr(_in_fixed_span_read, "on", False)
+        _in_fixed_span_read.on = True
         try:
             return original_fn(*args, **kwargs)
         finally:
-            _in_fixed_span_read = outer
+            _in_fixed_span_read.on = outer
 
     return watch_fixed_span
 
