@@ -11,7 +11,7 @@ the watch adds where it runs, and divides it by a decode step measured in the sa
    - ``row_write``: around ``assign_req_to_token_pool_func`` (its Triton kernel writes the decode
      reservation into req_to_token);
    - ``row_read``: around ``assign_extend_cache_locs_func`` (verify reads its slots back);
-   - ``row_read_uniform`` (0.5.17+): around ``assign_extend_cache_locs_uniform_func`` (EAGLE's
+   - ``uniform_row_read`` (0.5.17+): around ``assign_extend_cache_locs_uniform_func`` (EAGLE's
      verify read, called by keyword as sglang calls it);
    - the backend's replay check (``dsa_replay`` or ``triton_replay``): around the real backend's
      replay method, repeating one real TARGET_VERIFY replay of ``bs`` requests
@@ -142,7 +142,7 @@ def _row_calls(torch, bs: int, C: int, D: int, device: str) -> dict:
     return {
         "row_write": ((rows, pool, start, start + 2 * D, out_cache_loc, bs), {}),
         "row_read": ((rows, pool, start, start + D, bs, D, device), {}),
-        "row_read_uniform": ((), uniform),
+        "uniform_row_read": ((), uniform),
     }
 
 

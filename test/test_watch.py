@@ -152,7 +152,7 @@ class TestSwitchAndSites(unittest.TestCase):
 
     def test_uniform_reader_target_per_release(self):
         def reader(version):
-            return [c.target for c in watch.select(version, resolve=False) if c.kind == "row_read_uniform"]
+            return [c.target for c in watch.select(version, resolve=False) if c.kind == "uniform_row_read"]
 
         for version in ("0.5.14", "0.5.16"):
             self.assertEqual(reader(version), [])
@@ -173,7 +173,7 @@ class TestSwitchAndSites(unittest.TestCase):
                 "batch_size",
             ],
             "row_read": ["req_pool_indices", "req_to_token", "start_offset", "end_offset", "batch_size"],
-            "row_read_uniform": [
+            "uniform_row_read": [
                 "req_pool_indices",
                 "req_to_token",
                 "start_offset",
@@ -492,12 +492,12 @@ class TestUniformRowReads(unittest.TestCase):
     WIDTH, D = 10, 4
     STARTS = [3, 8, 6]  # [3, 7) inside; [8, 12) 2 past the row; [6, 10) ends at the width
 
-    def read(self, gpu_path: bool, positional: bool = False):
+    def read(self, gpu_path: bool, positional: bool = False, uniform_failed=None):
         import sglang.kernels.ops.speculative.cache_locs as cache_locs
 
         pool = torch.arange(4 * self.WIDTH, dtype=torch.int32).reshape(4, self.WIDTH)
         rows, start = torch.tensor([0, 1, 2]), torch.tensor(self.STARTS)
-        uniform_target, uniform_hook = watch_hook("row_read_uniform", installed_version())
+        uniform_target, uniform_hook = watch_hook("uniform_row_read", installed_version())
         end_target, end_hook = watch_hook("row_read", installed_version())
         self.assertEqual(end_target, f"{cache_locs.__name__}.assign_extend_cache_locs_func")
         fallback_reads = []
@@ -509,6 +509,7 @@ class TestUniformRowReads(unittest.TestCase):
 
         watch.reset()
         self.addCleanup(watch.reset)
+        watch._SITES[uniform_target].failed = uniform_failed  # (a check switched off earlier)
         with contextlib.ExitStack() as stack:
             stack.enter_context(mock.patch.object(cache_locs, "assign_extend_cache_locs_func", recorded))
             if gpu_path:  # sglang's CUDA branch, its real kernel under TRITON_INTERPRET
@@ -532,6 +533,8 @@ class TestUniformRowReads(unittest.TestCase):
         return list(observed([(s, s + self.D, self.WIDTH) for s in self.STARTS]))
 
     def test_gpu_path_counts_the_rows_read_past_the_end(self):
+        if os.environ.get("TRITON_INTERPRET") != "1":  # conftest sets it where there is no CUDA
+            raise unittest.SkipTest("sglang's kernel runs on CPU tensors here: needs TRITON_INTERPRET=1")
         self.assertEqual(self.expected(), [1, 2])
         for positional in (False, True):
             with self.subTest(positional=positional):
@@ -550,6 +553,12 @@ class TestUniformRowReads(unittest.TestCase):
         counted = [report["uniform_row_reads_past_end"], report["uniform_row_read_columns_past_end"]]
         self.assertEqual(counted, self.expected())
         self.assertEqual([report["row_reads_past_end"], report["row_read_columns_past_end"]], [0, 0])
+
+    def test_a_switched_off_uniform_check_leaves_the_fallback_read_counted(self):
+        _, report, fallback_reads = self.read(gpu_path=False, uniform_failed="RuntimeError: earlier")
+        self.assertEqual(len(fallback_reads), 1)
+        self.assertEqual(report["uniform_row_reads_past_end"], 0)
+        self.assertEqual([report["row_reads_past_end"], report["row_read_columns_past_end"]], self.expected())
 
 
 class TestDsaReplay(unittest.TestCase):

@@ -12,7 +12,8 @@ release, the counters' names, and either
 
 - a row check on the device (``batch_size_at``): every call of a writer or reader of
   ``req_to_token`` rows (sglang's ``assign_req_to_token_pool_func`` / ``assign_extend_cache_locs_func``,
-  which mask only ``col < end`` and never the row width: bug #2), counting rows whose [start, end)
+  which mask only ``col < end`` and never the row width: bug #2; a reader of the same N columns from
+  each start, ``span_at``: ``assign_extend_cache_locs_uniform_func``), counting rows whose [start, end)
   reaches past ``req_to_token.shape[1]`` and the columns there, which land in the next request's row;
 - or a CUDA-graph replay check on the host (``replay_check``): replays whose graph buffer, sized
   from max_context_len at capture, is smaller than what the replay asks the attention kernel to
@@ -187,6 +188,8 @@ def _fixed_span_hook(site: Site, batch_size_at: int, span_at: int):
                 row_check.check(site, _arg(args, kwargs, 1, "req_to_token"), start, start, batch_size, span)
             except Exception as exc:  # never break sglang
                 _fail(site, exc)
+        if site.failed is not None:  # not counted here: a fallback read counts as the end-tensor read's
+            return original_fn(*args, **kwargs)
         outer = getattr(_in_fixed_span_read, "on", False)
         _in_fixed_span_read.on = True
         try:

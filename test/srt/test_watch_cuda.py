@@ -127,8 +127,8 @@ class TestWatchAddsNoSync(unittest.TestCase):
         from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
 
         original = pkgutil.resolve_name(UNIFORM_READER)
-        site = watch.Site("row_read_uniform", UNIFORM_READER, "req_to_token", slot=4)
-        wrapped = _wrap_fn(original, watch._hook(watch.kinds()["row_read_uniform"], site), HookType.AROUND)
+        site = watch.Site("uniform_row_read", UNIFORM_READER, "req_to_token", slot=4)
+        wrapped = _wrap_fn(original, watch._hook(watch.kinds()["uniform_row_read"], site), HookType.AROUND)
         pool = torch.arange(4 * 10, dtype=torch.int32, device="cuda").reshape(4, 10)
         arguments = dict(
             req_pool_indices=torch.tensor([0, 1, 2], device="cuda"),

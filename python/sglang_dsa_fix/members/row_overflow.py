@@ -130,7 +130,7 @@ def unjudged(found) -> str:
     )
 
 
-ROW_WRITE, ROW_READ, ROW_READ_UNIFORM = "row_write", "row_read", "row_read_uniform"
+ROW_WRITE, ROW_READ, UNIFORM_ROW_READ = "row_write", "row_read", "uniform_row_read"
 # The family watch: every write of the decode reservation into req_to_token and every read of
 # the verify slots back out of it, counted on the device (watch.py's row check). batch_size is
 # the writer's 6th argument (req_pool_indices, req_to_token, start_offset, end_offset,
@@ -202,16 +202,21 @@ WATCHES = (
     # From 0.5.17 EAGLE's verify reads its slots through the uniform reader, every row the same
     # draft_token_num columns from start_offset, its end computed in the kernel, which masks only
     # the column against draft_token_num (0.5.17 kernels/ops/speculative/cache_locs.py:365-418,
-    # 0.5.23 :596; called by eagle_utils.py eagle_prepare_for_verify 0.5.17 :520, 0.5.23 :357, and
-    # in 0.5.23 by multi_layer_eagle_worker_v2.py :789 and mem_cache/kv_index_translator.py :336,
-    # each importing it from that module at call time). Its arguments: (req_pool_indices,
-    # req_to_token, start_offset, batch_size, draft_token_num, device, *, ...).
+    # 0.5.23 :596; called by eagle_utils.py eagle_prepare_for_verify 0.5.17 :520, 0.5.23 :357, from
+    # 0.5.20 by multi_layer_eagle_worker_v2.py (0.5.23 :789), in 0.5.23 by
+    # mem_cache/kv_index_translator.py :336). Each imports it from that module inside the function;
+    # from 0.5.20 eagle_prepare_for_verify keeps what its first call imported (0.5.23 :313-337,
+    # _PREPARE_FOR_VERIFY_DEPS), which is the hook: the plugin registers before the first request.
+    # Its arguments: (req_pool_indices, req_to_token, start_offset, batch_size, draft_token_num,
+    # device, *, ...). Not hooked: the draft's slot reads (assign_draft_cache_locs* kernels launched
+    # directly by the EAGLE workers; a function only from 0.5.23), which on 0.5.22+ also gather the
+    # verify window with topk 1 (0.5.23 eagle_worker_common.py:265-305): docs/plugin.md says so.
     WatchKind(
-        ROW_READ_UNIFORM,
+        UNIFORM_ROW_READ,
         ("uniform_row_reads_past_end", "uniform_row_read_columns_past_end"),
         targets=(
             WatchTarget(
-                ROW_READ_UNIFORM,
+                UNIFORM_ROW_READ,
                 "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func",
                 "req_to_token",
                 (0, 5, 17),
@@ -239,7 +244,7 @@ MEMBERS = (
         locate=sites.row_site,
         rule=rule,
         hook=hook,
-        watch=(ROW_WRITE, ROW_READ, ROW_READ_UNIFORM),
+        watch=(ROW_WRITE, ROW_READ, UNIFORM_ROW_READ),
         unjudged=unjudged,
         releases="sglang 0.5.9 – newest with spec v2 (the default from 0.5.11); at page 1 from 0.5.16, and "
         "at page > 1 with decode context parallel on 0.5.16 – 0.5.18",
