@@ -21,8 +21,8 @@ release, the counters' names, and either
 
 No host synchronisation on the hot path: a row check is one launch of a small Triton kernel
 that accumulates into an int64 tensor on the tensors' own device, nothing read back
-(``row_check.py``). The replay checks (``replay_checks.py``) only read ``seq_lens_cpu``, a host tensor the replay already
-holds, as Python ints (one ``tolist()``).
+(``row_check.py``). The replay checks (``replay_checks.py``) only read ``seq_lens_cpu``, a host
+tensor the replay already holds, as Python ints (one ``tolist()``).
 Only ``report()`` reads the device counters (one copy to the host per device), and ``by_kind()``
 for /metrics, through the plugin's reader that never waits (``metrics.read_without_waiting``).
 """
