@@ -20,7 +20,7 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
   and what ``plugin.decide()`` says on the others; the family watch's DSA / NSA replay check and
   hook targets (test/test_watch.py) where the bug #1 CPU tier runs (0.5.11 - 0.5.13), and its
-  uniform verify reader (0.5.17+) on 0.5.17 and 0.5.23;
+  uniform verify reader (0.5.17+) on 0.5.17 and 0.5.23, its row writes on 0.5.23;
 - the member contract (``proof.contract``), every member on every release;
 - the upstream-form tests (upstream/test/...) on the releases whose module layout each is
   written for (``UPSTREAM_TESTS``): pristine must fail, a copy patched by ``apply`` must pass.
@@ -68,6 +68,9 @@ WATCH_TESTS = "test/test_watch.py::TestDsaReplay test/test_watch.py::TestSwitchA
 UNIFORM_READ_RUN = ("0.5.17", "0.5.23")
 UNIFORM_READ_NOT_RUN = "the watch's uniform verify reader (0.5.17+) runs on 0.5.17 and 0.5.23"
 UNIFORM_READ_TESTS = "test/test_watch.py::TestUniformRowReads test/test_watch.py::TestSwitchAndSites"
+# The watch's row write check on 0.5.23's writer (the pytest tier runs before the matrix installs
+# that overlay, so this is where it runs on a fresh clone).
+ROW_WRITES_0523_NOT_RUN = "the watch's row writes on 0.5.23 run there"
 UPSTREAM = REPO / "upstream" / "test" / "registered" / "unit"
 # Each upstream-form test and the releases whose module layout it is written for: bugs #1 / #2 in
 # the 0.5.13 - 0.5.14 layout; bug #2 in the runtime-context ("bag") layout, 0.5.19+ (on 0.5.18
@@ -677,6 +680,11 @@ def check_release(row: Row, case: Release, full: bool) -> None:
             "watch: uniform verify reads",
             None if case.version in UNIFORM_READ_RUN else UNIFORM_READ_NOT_RUN,
             UNIFORM_READ_TESTS,
+        ),
+        (
+            "watch: row writes (0.5.23)",
+            None if case.version == "0.5.23" else ROW_WRITES_0523_NOT_RUN,
+            "test/test_watch.py::TestRowWrites0523",
         ),
     ):
         if base:
