@@ -82,10 +82,16 @@ class Site:
 
 _SITES: dict[str, Site] = {}  # by target, in registration order
 _logged = set()
+
+
 # ``.on`` while sglang's fixed-span reader runs in this thread: off CUDA / ROCm / MUSA / XPU it
 # falls back to the end-tensor reader (0.5.17 kernels/ops/speculative/cache_locs.py:420-429),
 # hooked too, whose read is then the one the fixed-span hook counted.
-_in_fixed_span_read = threading.local()
+class _FixedSpanRead(threading.local):
+    on = False  # (a class default: every thread starts off)
+
+
+_in_fixed_span_read = _FixedSpanRead()
 
 
 def reset() -> None:
@@ -153,7 +159,7 @@ def _row_hook(site: Site, batch_size_at: int):
     last = max(3, batch_size_at)
 
     def watch_rows(original_fn, *args, **kwargs):
-        if site.failed is None and not getattr(_in_fixed_span_read, "on", False):
+        if site.failed is None and not _in_fixed_span_read.on:
             try:
                 if len(args) > last:  # positional, as sglang calls them: no lookups by name
                     row_check.check(site, args[1], args[2], args[3], args[batch_size_at])
@@ -190,8 +196,7 @@ def _fixed_span_hook(site: Site, batch_size_at: int, span_at: int):
                 _fail(site, exc)
         if site.failed is not None:  # not counted here: a fallback read counts as the end-tensor read's
             return original_fn(*args, **kwargs)
-        outer = getattr(_in_fixed_span_read, "on", False)
-        _in_fixed_span_read.on = True
+        outer, _in_fixed_span_read.on = _in_fixed_span_read.on, True
         try:
             return original_fn(*args, **kwargs)
         finally:
