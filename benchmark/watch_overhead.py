@@ -13,6 +13,8 @@ the watch adds where it runs, and divides it by a decode step measured in the sa
    - ``row_read``: around ``assign_extend_cache_locs_func`` (verify reads its slots back);
    - ``uniform_row_read`` (0.5.17+): around ``assign_extend_cache_locs_uniform_func`` (EAGLE's
      verify read, called by keyword as sglang calls it);
+   - ``draft_slot_read`` (0.5.23+): around ``assign_draft_cache_locs_contiguous_func`` (EAGLE's
+     draft slot read, topk 1, D columns, positional as sglang calls it);
    - the backend's replay check (``dsa_replay`` or ``triton_replay``): around the real backend's
      replay method, repeating one real TARGET_VERIFY replay of ``bs`` requests
      (``watch_replay_calls.py``).
@@ -125,7 +127,8 @@ def _time_hook(watch, candidate, original, args, kwargs, context, settings) -> d
 
 
 def _row_calls(torch, bs: int, C: int, D: int, device: str) -> dict:
-    """(args, kwargs) sglang passes the row writer (decode reservation 2D) and readers (verify, D)."""
+    """(args, kwargs) sglang passes the row writer (decode reservation 2D) and readers (verify, D;
+    draft, topk 1 x D)."""
     width = C + 4 + 2 * D  # any width: the check's cost does not depend on it
     pool = torch.zeros((bs + 1, width), dtype=torch.int32, device=device)
     rows = torch.arange(1, bs + 1, dtype=torch.int64, device=device)
@@ -143,6 +146,7 @@ def _row_calls(torch, bs: int, C: int, D: int, device: str) -> dict:
         "row_write": ((rows, pool, start, start + 2 * D, out_cache_loc, bs), {}),
         "row_read": ((rows, pool, start, start + D, bs, D, device), {}),
         "uniform_row_read": ((), uniform),
+        "draft_slot_read": ((rows, pool, start, out_cache_loc, 1, D), {}),
     }
 
 

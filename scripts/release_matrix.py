@@ -20,7 +20,7 @@ overlay put first on PYTHONPATH over the project's pinned 0.5.14 environment), t
 - plugin in spawned processes (test/test_plugin.py) on affected releases with the plugin API,
   and what ``plugin.decide()`` says on the others; the family watch's DSA / NSA replay check and
   hook targets (test/test_watch.py) where the bug #1 CPU tier runs (0.5.11 - 0.5.13), and its
-  uniform verify reader (0.5.17+) on 0.5.17 and 0.5.23, its row writes on 0.5.23;
+  uniform verify reader (0.5.17+) on 0.5.17 and 0.5.23, its draft slot reader and row writes on 0.5.23;
 - the member contract (``proof.contract``), every member on every release;
 - the upstream-form tests (upstream/test/...) on the releases whose module layout each is
   written for (``UPSTREAM_TESTS``): pristine must fail, a copy patched by ``apply`` must pass.
@@ -64,10 +64,11 @@ MLA_MASK_NOT_RUN = "the MLA verify mask tier runs on 0.5.13, 0.5.14 (the base), 
 FA3_TOPK_RUN = ("0.5.13", "0.5.15", "0.5.16", "0.5.17", "0.5.23")
 FA3_TOPK_NOT_RUN = "FA3's topk > 1 tiers run on 0.5.13, 0.5.14 (the base), 0.5.15, 0.5.16, 0.5.17, 0.5.23"
 WATCH_TESTS = "test/test_watch.py::TestDsaReplay test/test_watch.py::TestSwitchAndSites"
-# The watch's uniform verify reader (0.5.17+, EAGLE's verify read), the real reader on CPU.
+# The watch's uniform verify reader (0.5.17+, EAGLE's verify read) and draft slot reader (0.5.23+),
+# the real readers on CPU.
 UNIFORM_READ_RUN = ("0.5.17", "0.5.23")
-UNIFORM_READ_NOT_RUN = "the watch's uniform verify reader (0.5.17+) runs on 0.5.17 and 0.5.23"
-UNIFORM_READ_TESTS = "test/test_watch.py::TestUniformRowReads test/test_watch.py::TestSwitchAndSites"
+UNIFORM_READ_NOT_RUN = "the watch's uniform verify and draft slot readers run on 0.5.17 and 0.5.23"
+UNIFORM_READ_TESTS = "test/test_watch.py::TestUniformRowReads test/test_watch.py::TestDraftSlotReads test/test_watch.py::TestSwitchAndSites"
 # The watch's row write check on 0.5.23's writer (the pytest tier runs before the matrix installs
 # that overlay, so this is where it runs on a fresh clone).
 ROW_WRITES_0523_NOT_RUN = "the watch's row writes on 0.5.23 run there"
@@ -680,7 +681,7 @@ def check_release(row: Row, case: Release, full: bool) -> None:
             "test/srt/test_graph_tables_mla_mask.py",
         ),
         (
-            "watch: uniform verify reads",
+            "watch: uniform verify and draft slot reads",
             None if case.version in UNIFORM_READ_RUN else UNIFORM_READ_NOT_RUN,
             UNIFORM_READ_TESTS,
         ),

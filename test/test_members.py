@@ -47,6 +47,13 @@ class TestRegistry(unittest.TestCase):
                 "not one of a replay check or a row check", " ".join(contract.registry_violations())
             )
 
+    def test_a_row_check_without_its_argument_names_fails(self):
+        kinds = list(members.watch_kinds())
+        row = next(kind for kind in kinds if kind.span_at)
+        broken = dataclasses.replace(row, parameters=row.parameters[:-1])
+        with mock.patch.object(members, "_WATCHES", [broken if k is row else k for k in kinds]):
+            self.assertIn("without the names of the arguments", " ".join(contract.registry_violations()))
+
     def test_a_watch_kind_no_unit_owns_fails(self):
         kinds = list(members.watch_kinds())
         targets = tuple(dataclasses.replace(t, kind="orphan_replay") for t in kinds[-1].targets)

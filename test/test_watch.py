@@ -47,6 +47,8 @@ MATRIX = Path(os.environ.get("SGLANG_DSA_FIX_MATRIX", REPO / ".matrix"))
 OVERLAY_0_5_23 = MATRIX / "sglang-0.5.23"
 # 0.5.17+: EAGLE's verify reads its slots through this reader (members/row_overflow.py).
 UNIFORM_READER = "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func"
+# 0.5.23: EAGLE's draft reads its slots (and with topk 1 the verify window) through this reader.
+DRAFT_READER = "sglang.kernels.ops.speculative.cache_locs.assign_draft_cache_locs_contiguous_func"
 
 
 # Releases whose pristine graph page_table is max_context_len + D (RELEASES.md) that the watch covers.
@@ -159,33 +161,31 @@ class TestSwitchAndSites(unittest.TestCase):
         for version in ("0.5.17", "0.5.23"):
             self.assertEqual(reader(version), [UNIFORM_READER])
 
+    def test_draft_reader_target_per_release(self):
+        def reader(version):
+            return [c.target for c in watch.select(version, resolve=False) if c.kind == "draft_slot_read"]
+
+        for version in ("0.5.14", "0.5.17", "0.5.22"):
+            self.assertEqual(reader(version), [])
+        self.assertEqual(reader("0.5.23"), [DRAFT_READER])
+
     def test_row_hooks_read_the_arguments_where_sglang_passes_them(self):
-        # The row hooks take positional arguments by index: the installed functions' own order.
+        # The row hooks take arguments by position, else by the keyword their kind declares: the
+        # installed functions' own order and names.
         import inspect
 
-        expected = {
-            "row_write": [
-                "req_pool_indices",
-                "req_to_token",
-                "start_offset",
-                "end_offset",
-                "out_cache_loc",
-                "batch_size",
-            ],
-            "row_read": ["req_pool_indices", "req_to_token", "start_offset", "end_offset", "batch_size"],
-            "uniform_row_read": [
-                "req_pool_indices",
-                "req_to_token",
-                "start_offset",
-                "batch_size",
-                "draft_token_num",
-            ],
-        }
         chosen = {c.kind: c.target for c in watch.select(installed_version())}
         self.assertEqual({"row_write", "row_read"} - set(chosen), set())
-        for kind, names in ((k, n) for k, n in expected.items() if k in chosen):
-            parameters = list(inspect.signature(pkgutil.resolve_name(chosen[kind])).parameters)
-            self.assertEqual(parameters[: len(names)], names, kind)
+        device_kinds = [kind for kind in watch.kinds().values() if kind.batch_size_at is not None]
+        self.assertEqual(
+            {kind.kind for kind in device_kinds},
+            {"row_write", "row_read", "uniform_row_read", "draft_slot_read"},
+        )
+        for kind in (kind for kind in device_kinds if kind.kind in chosen):
+            with self.subTest(kind=kind.kind):
+                parameters = list(inspect.signature(pkgutil.resolve_name(chosen[kind.kind])).parameters)
+                self.assertEqual(parameters[: len(kind.parameters)], list(kind.parameters))
+                self.assertEqual(kind.parameters[1], "req_to_token")
 
 
 class TestRowCheck(unittest.TestCase):
@@ -562,6 +562,51 @@ class TestUniformRowReads(unittest.TestCase):
         self.assertEqual(len(fallback_reads), 1)
         self.assertEqual(report["uniform_row_reads_past_end"], 0)
         self.assertEqual([report["row_reads_past_end"], report["row_read_columns_past_end"]], self.expected())
+
+
+@unittest.skipUnless(
+    watch._resolves(DRAFT_READER), "no draft slot reader in this sglang (0.5.23+: the release matrix runs it)"
+)
+class TestDraftSlotReads(unittest.TestCase):
+    """0.5.23: EAGLE's draft reads topk x num_cols columns of every row from seq_lens (no end tensor,
+    no batch size: seq_lens' length). sglang's real reader and its Triton kernel under the interpreter."""
+
+    WIDTH = 12
+    SEQ_LENS = [2, 7, 9]  # 4 columns: [2, 6) inside; [7, 11) inside; [9, 13) 1 past the row
+
+    def read(self, topk: int, num_cols: int, keywords: bool = False):
+        import sglang.kernels.ops.speculative.cache_locs as cache_locs
+
+        pool = torch.arange(4 * self.WIDTH, dtype=torch.int32).reshape(4, self.WIDTH)
+        rows, seq_lens = torch.tensor([0, 1, 2]), torch.tensor(self.SEQ_LENS)
+        out = torch.full((3 * topk * num_cols,), -1, dtype=torch.int64)
+        target, hook = watch_hook("draft_slot_read", installed_version())
+        self.assertEqual(target, DRAFT_READER)
+        watch.reset()
+        self.addCleanup(watch.reset)
+        with hooked(target, hook):
+            reader = cache_locs.assign_draft_cache_locs_contiguous_func
+            if keywords:
+                reader(rows, pool, seq_lens=seq_lens, out_cache_loc=out, topk=topk, num_cols=num_cols)
+            else:
+                reader(rows, pool, seq_lens, out, topk, num_cols)  # as eagle_worker_common.py:290 calls it
+        return out, watch.report()
+
+    def test_counts_the_rows_read_past_the_end(self):
+        if os.environ.get("TRITON_INTERPRET") != "1":  # conftest sets it where there is no CUDA
+            raise unittest.SkipTest("sglang's kernel runs on CPU tensors here: needs TRITON_INTERPRET=1")
+        for topk, num_cols, keywords in ((1, 4, False), (2, 2, True), (1, 3, False)):
+            with self.subTest(topk=topk, num_cols=num_cols, keywords=keywords):
+                span = topk * num_cols
+                out, report = self.read(topk, num_cols, keywords)
+                expected = list(observed([(s, s + span, self.WIDTH) for s in self.SEQ_LENS]))
+                counted = [report["draft_slot_reads_past_end"], report["draft_slot_read_columns_past_end"]]
+                self.assertEqual(counted, expected)
+                self.assertEqual(expected, [1, 1] if span == 4 else [0, 0])
+                self.assertIsNone(report.get("failed"))
+                self.assertEqual(report["row_reads_past_end"] + report["uniform_row_reads_past_end"], 0)
+                if span == 4:  # what the read past the end returned: row 2's 9, 10, 11 and row 3's first
+                    self.assertEqual(out.view(3, span)[2].tolist(), [33, 34, 35, 36])
 
 
 class TestDsaReplay(unittest.TestCase):

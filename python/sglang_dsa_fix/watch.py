@@ -151,11 +151,12 @@ def _fail(site: Site, exc: Exception) -> None:
     logger.warning("sglang-dsa-fix watch: check on %s switched off (%s)", site.target, site.failed)
 
 
-def _arg(args, kwargs, index: int, name: str):
-    return args[index] if len(args) > index else kwargs[name]
+def _arg(args, kwargs, index: int, parameters: tuple):
+    """The argument at ``index`` of sglang's call: by position, else by its keyword."""
+    return args[index] if len(args) > index else kwargs[parameters[index]]
 
 
-def _row_hook(site: Site, batch_size_at: int):
+def _row_hook(site: Site, batch_size_at: int, parameters: tuple):
     last = max(3, batch_size_at)
 
     def watch_rows(original_fn, *args, **kwargs):
@@ -165,11 +166,7 @@ def _row_hook(site: Site, batch_size_at: int):
                     row_check.check(site, args[1], args[2], args[3], args[batch_size_at])
                 else:
                     row_check.check(
-                        site,
-                        _arg(args, kwargs, 1, "req_to_token"),
-                        _arg(args, kwargs, 2, "start_offset"),
-                        _arg(args, kwargs, 3, "end_offset"),
-                        _arg(args, kwargs, batch_size_at, "batch_size"),
+                        site, *(_arg(args, kwargs, at, parameters) for at in (1, 2, 3, batch_size_at))
                     )
             except Exception as exc:  # never break sglang
                 _fail(site, exc)
@@ -178,20 +175,24 @@ def _row_hook(site: Site, batch_size_at: int):
     return watch_rows
 
 
-def _fixed_span_hook(site: Site, batch_size_at: int, span_at: int):
-    """A reader of the same N columns from start in every row (no end tensor: end = start + N)."""
+def _fixed_span_hook(site: Site, batch_size_at: int, span_at: tuple, parameters: tuple):
+    """A reader of the same N columns from start (position 2) in every row: no end tensor, end =
+    start + N, N the product of the arguments at ``span_at`` (draft_token_num; topk x num_cols)."""
 
     def watch_fixed_span(original_fn, *args, **kwargs):
         if site.failed is None:
             try:
-                start = _arg(args, kwargs, 2, "start_offset")
-                span = _arg(args, kwargs, span_at, "draft_token_num")
-                if type(span) is not int:  # sglang passes an int
-                    if hasattr(span, "data_ptr"):  # a tensor's value is never read (a host sync)
-                        raise TypeError("draft_token_num is a tensor: its value is not read")
-                    span = int(span)
-                batch_size = _arg(args, kwargs, batch_size_at, "batch_size")
-                row_check.check(site, _arg(args, kwargs, 1, "req_to_token"), start, start, batch_size, span)
+                span = 1
+                for at in span_at:
+                    columns = _arg(args, kwargs, at, parameters)
+                    if type(columns) is not int:  # sglang passes ints
+                        if hasattr(columns, "data_ptr"):  # a tensor's value is never read (a host sync)
+                            raise TypeError(f"{parameters[at]} is a tensor: its value is not read")
+                        columns = int(columns)
+                    span *= columns
+                start = _arg(args, kwargs, 2, parameters)
+                batch_size = _arg(args, kwargs, batch_size_at, parameters)
+                row_check.check(site, _arg(args, kwargs, 1, parameters), start, start, batch_size, span)
             except Exception as exc:  # never break sglang
                 _fail(site, exc)
         if site.failed is not None:  # not counted here: a fallback read counts as the end-tensor read's
@@ -219,10 +220,10 @@ def _replay_hook(site: Site, check):
 
 
 def _hook(kind: members.WatchKind, site: Site):
-    if kind.span_at is not None:
-        return _fixed_span_hook(site, kind.batch_size_at, kind.span_at)
+    if kind.span_at:
+        return _fixed_span_hook(site, kind.batch_size_at, kind.span_at, kind.parameters)
     if kind.batch_size_at is not None:
-        return _row_hook(site, kind.batch_size_at)
+        return _row_hook(site, kind.batch_size_at, kind.parameters)
     return _replay_hook(site, kind.replay_check)
 
 

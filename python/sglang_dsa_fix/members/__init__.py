@@ -49,8 +49,14 @@ class WatchKind:
     counters: tuple  # (sites counted, columns past the end or None), as ``watch.report()`` names them
     targets: tuple  # ``release.WatchTarget``s in preference order: the first in range that resolves
     replay_check: Optional[Callable] = None  # a CUDA-graph replay, on the host: (site, arguments)
-    batch_size_at: Optional[int] = None  # a row write / read, on the device: batch_size's position
-    span_at: Optional[int] = None  # a row read of N columns from start (no end tensor): N's position
+    # A row write / read, on the device: batch_size's position (a tensor there: its length).
+    batch_size_at: Optional[int] = None
+    # A row read of the same N columns from start in every row (no end tensor): N is the product
+    # of the arguments at these positions.
+    span_at: tuple = ()
+    # A row check's: sglang's parameter names in order, up to the last one read (for keyword calls;
+    # test_watch.py checks them against the installed function's signature).
+    parameters: tuple = ()
 
 
 @dataclass(frozen=True)

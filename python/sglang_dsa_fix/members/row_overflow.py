@@ -130,7 +130,12 @@ def unjudged(found) -> str:
     )
 
 
-ROW_WRITE, ROW_READ, UNIFORM_ROW_READ = "row_write", "row_read", "uniform_row_read"
+ROW_WRITE, ROW_READ, UNIFORM_ROW_READ, DRAFT_SLOT_READ = (
+    "row_write",
+    "row_read",
+    "uniform_row_read",
+    "draft_slot_read",
+)
 # The family watch: every write of the decode reservation into req_to_token and every read of
 # the verify slots back out of it, counted on the device (watch.py's row check). batch_size is
 # the writer's 6th argument (req_pool_indices, req_to_token, start_offset, end_offset,
@@ -165,6 +170,14 @@ WATCHES = (
             ),
         ),
         batch_size_at=5,
+        parameters=(
+            "req_pool_indices",
+            "req_to_token",
+            "start_offset",
+            "end_offset",
+            "out_cache_loc",
+            "batch_size",
+        ),
     ),
     WatchKind(
         ROW_READ,
@@ -198,6 +211,7 @@ WATCHES = (
             ),
         ),
         batch_size_at=4,
+        parameters=("req_pool_indices", "req_to_token", "start_offset", "end_offset", "batch_size"),
     ),
     # From 0.5.17 EAGLE's verify reads its slots through the uniform reader, every row the same
     # draft_token_num columns from start_offset, its end computed in the kernel, which masks only
@@ -208,9 +222,7 @@ WATCHES = (
     # from 0.5.20 eagle_prepare_for_verify keeps what its first call imported (0.5.23 :313-337,
     # _PREPARE_FOR_VERIFY_DEPS), which is the hook: the plugin registers before the first request.
     # Its arguments: (req_pool_indices, req_to_token, start_offset, batch_size, draft_token_num,
-    # device, *, ...). Not hooked: the draft's slot reads (assign_draft_cache_locs* kernels launched
-    # directly by the EAGLE workers; a function only from 0.5.23), which on 0.5.22+ also gather the
-    # verify window with topk 1 (0.5.23 eagle_worker_common.py:265-305): docs/plugin.md says so.
+    # device, *, ...).
     WatchKind(
         UNIFORM_ROW_READ,
         ("uniform_row_reads_past_end", "uniform_row_read_columns_past_end"),
@@ -223,7 +235,32 @@ WATCHES = (
             ),
         ),
         batch_size_at=3,
-        span_at=4,
+        span_at=(4,),
+        parameters=("req_pool_indices", "req_to_token", "start_offset", "batch_size", "draft_token_num"),
+    ),
+    # 0.5.23: EAGLE's draft reads its slots, topk x num_cols columns of every row from seq_lens
+    # (cache_locs.py:43-82: copy_len = topk * speculative_num_steps from kv_start, masked only
+    # against copy_len), through assign_draft_cache_locs_contiguous_func (:85-123; req_pool_indices,
+    # req_to_token, seq_lens, out_cache_loc, topk, num_cols, positions=None, mrope=None; the batch is
+    # seq_lens' length). Called positionally by eagle_worker_common.py:290 (imported at module level
+    # there, :7-9: the plugin's HookRegistry propagates the wrapper to it); with topk 1 and more draft
+    # tokens than steps it gathers the verify window too (num_cols = draft tokens, :265-282).
+    # Before 0.5.23 the EAGLE workers launch the assign_draft_cache_locs kernels directly (no
+    # function to hook): docs/plugin.md says so.
+    WatchKind(
+        DRAFT_SLOT_READ,
+        ("draft_slot_reads_past_end", "draft_slot_read_columns_past_end"),
+        targets=(
+            WatchTarget(
+                DRAFT_SLOT_READ,
+                "sglang.kernels.ops.speculative.cache_locs.assign_draft_cache_locs_contiguous_func",
+                "req_to_token",
+                (0, 5, 23),
+            ),
+        ),
+        batch_size_at=2,
+        span_at=(4, 5),
+        parameters=("req_pool_indices", "req_to_token", "seq_lens", "out_cache_loc", "topk", "num_cols"),
     ),
 )
 
@@ -244,7 +281,7 @@ MEMBERS = (
         locate=sites.row_site,
         rule=rule,
         hook=hook,
-        watch=(ROW_WRITE, ROW_READ, UNIFORM_ROW_READ),
+        watch=(ROW_WRITE, ROW_READ, UNIFORM_ROW_READ, DRAFT_SLOT_READ),
         unjudged=unjudged,
         releases="sglang 0.5.9 – newest with spec v2 (the default from 0.5.11); at page 1 from 0.5.16, and "
         "at page > 1 with decode context parallel on 0.5.16 – 0.5.18",

@@ -234,8 +234,12 @@ def watch_kind_violations() -> list:
             out.append(f"watch kind {kind.kind}: no target, or a target of another kind")
         if (kind.replay_check is None) == (kind.batch_size_at is None):
             out.append(f"watch kind {kind.kind}: not one of a replay check or a row check")
-        if kind.span_at is not None and kind.batch_size_at is None:
+        if kind.span_at and kind.batch_size_at is None:
             out.append(f"watch kind {kind.kind}: a fixed span with no batch size (not a row check)")
+        if kind.batch_size_at is not None and len(kind.parameters) <= max(
+            3, kind.batch_size_at, *kind.span_at
+        ):
+            out.append(f"watch kind {kind.kind}: a row check without the names of the arguments it reads")
     return out
 
 
