@@ -229,8 +229,11 @@ def check(site, req_to_token, start_offset, end_offset, batch_size, end_add: int
     of a fixed N columns from start has no end tensor: pass start as ``end_offset`` and N.
     This runs on every decode step (twice): each line here is host time (watch_overhead.py).
     """
-    if type(batch_size) is not int:  # sglang passes an int; a tensor's value is never read
-        batch_size = end_offset.shape[0] if hasattr(batch_size, "data_ptr") else int(batch_size)
+    if type(batch_size) is not int:  # sglang passes an int, or a tensor of one per row: its length
+        if hasattr(batch_size, "data_ptr"):  # (a tensor's value is never read: a host sync)
+            batch_size = batch_size.shape[0] if batch_size.dim() else end_offset.shape[0]
+        else:
+            batch_size = int(batch_size)
     if batch_size > end_offset.shape[0] or batch_size > start_offset.shape[0]:
         batch_size = min(start_offset.shape[0], end_offset.shape[0])
     if batch_size <= 0:

@@ -13,7 +13,8 @@ release, the counters' names, and either
 - a row check on the device (``batch_size_at``): every call of a writer or reader of
   ``req_to_token`` rows (sglang's ``assign_req_to_token_pool_func`` / ``assign_extend_cache_locs_func``,
   which mask only ``col < end`` and never the row width: bug #2; a reader of the same N columns from
-  each start, ``span_at``: ``assign_extend_cache_locs_uniform_func``), counting rows whose [start, end)
+  each start, ``span_at``: ``assign_extend_cache_locs_uniform_func``, 0.5.23's
+  ``assign_draft_cache_locs_contiguous_func``), counting rows whose [start, end)
   reaches past ``req_to_token.shape[1]`` and the columns there, which land in the next request's row;
 - or a CUDA-graph replay check on the host (``replay_check``): replays whose graph buffer, sized
   from max_context_len at capture, is smaller than what the replay asks the attention kernel to

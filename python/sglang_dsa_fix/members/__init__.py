@@ -49,7 +49,8 @@ class WatchKind:
     counters: tuple  # (sites counted, columns past the end or None), as ``watch.report()`` names them
     targets: tuple  # ``release.WatchTarget``s in preference order: the first in range that resolves
     replay_check: Optional[Callable] = None  # a CUDA-graph replay, on the host: (site, arguments)
-    # A row write / read, on the device: batch_size's position (a tensor there: its length).
+    # A row write / read, on the device: batch_size's position (a tensor of one entry per row
+    # there, e.g. seq_lens: its length; row_check.check clamps it to the start and end tensors').
     batch_size_at: Optional[int] = None
     # A row read of the same N columns from start in every row (no end tensor): N is the product
     # of the arguments at these positions.
